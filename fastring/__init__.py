@@ -1,0 +1,29 @@
+"""fastring: ring-allreduce collectives for data-parallel training.
+
+Example:
+    >>> import numpy as np, fastring
+    >>> fastring.init()
+    >>> fastring.allreduce(np.arange(3.0), op=fastring.Sum)
+    array([0., 1., 2.])
+"""
+# libmpi must be loaded (by mpi4py, from the `mpich` wheel) before the Cython transport,
+# which links against it without an rpath.
+from mpi4py import MPI  # noqa: F401  (import for its side effect)
+
+from ._errors import FastringError
+from ._ops import ReduceOp
+from ._runtime import (cross_rank, cross_size, init, is_initialized, local_rank, local_size,
+                       rank, shutdown, size)
+from .api import (Average, Max, Min, Product, Sum, allreduce, allreduce_async, grouped_allreduce,
+                  grouped_allreduce_async, poll, start_timeline, stop_timeline, synchronize)
+from .engine import Handle
+
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "FastringError", "ReduceOp", "Average", "Sum", "Min", "Max", "Product",
+    "init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size",
+    "cross_rank", "cross_size", "allreduce", "allreduce_async", "grouped_allreduce",
+    "grouped_allreduce_async", "synchronize", "poll", "Handle", "start_timeline", "stop_timeline",
+]

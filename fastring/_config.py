@@ -1,0 +1,67 @@
+"""Every tunable of fastring in one place: environment variables, their defaults, and the
+algorithm thresholds measured on the reference machine (see BENCHMARKS.md)."""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+ALGORITHMS = ("auto", "ring", "recursive_doubling", "mpi")
+LOG_LEVELS = ("warning", "info", "debug")
+
+# Messages up to this size take a latency algorithm under FASTRING_ALGORITHM=auto;
+# measured crossover, np=2 (BENCHMARKS.md).
+SMALL_MESSAGE_BYTES = 64 * 1024
+# The ring receives a segment into a scratch buffer and reduces it while it sits in cache;
+# 256 KiB fits the L2 of the reference machine alongside the destination segment.
+RING_SEGMENT_BYTES = 256 * 1024
+
+
+@dataclass(frozen=True)
+class Config:
+    fusion_threshold: int = 134217728
+    cycle_time_ms: float = 1.0
+    algorithm: str = "auto"
+    timeline: str | None = None
+    stall_check_time: float = 60.0
+    stall_shutdown_time: float = 0.0
+    log_level: str = "warning"
+
+
+def _number(env: dict, key: str, default, cast):
+    raw = env.get(key)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = cast(raw)
+    except ValueError:
+        raise ValueError(f"{key}={raw!r} is not a valid {cast.__name__}") from None
+    if value < 0:
+        raise ValueError(f"{key}={raw!r} must not be negative")
+    return value
+
+
+def _choice(env: dict, key: str, default: str, allowed: tuple) -> str:
+    value = env.get(key, default).strip().lower() or default
+    if value not in allowed:
+        raise ValueError(f"{key}={value!r} is not one of {', '.join(allowed)}")
+    return value
+
+
+def from_environment(env: dict | None = None) -> Config:
+    """Read the FASTRING_* variables (API.md, Configuration), validating each.
+
+    Example:
+        >>> from_environment({"FASTRING_ALGORITHM": "ring"}).algorithm
+        'ring'
+    """
+    env = os.environ if env is None else env
+    d = Config()
+    return Config(
+        fusion_threshold=_number(env, "FASTRING_FUSION_THRESHOLD", d.fusion_threshold, int),
+        cycle_time_ms=_number(env, "FASTRING_CYCLE_TIME", d.cycle_time_ms, float),
+        algorithm=_choice(env, "FASTRING_ALGORITHM", d.algorithm, ALGORITHMS),
+        timeline=env.get("FASTRING_TIMELINE") or None,
+        stall_check_time=_number(env, "FASTRING_STALL_CHECK_TIME", d.stall_check_time, float),
+        stall_shutdown_time=_number(env, "FASTRING_STALL_SHUTDOWN_TIME", d.stall_shutdown_time, float),
+        log_level=_choice(env, "FASTRING_LOG_LEVEL", d.log_level, LOG_LEVELS),
+    )

@@ -1,0 +1,46 @@
+"""Reduction operators of the public API and their codes below it."""
+from __future__ import annotations
+
+import enum
+
+
+class ReduceOp(enum.IntEnum):
+    """How allreduce and reducescatter combine the ranks' tensors.
+
+    Average is Sum followed by division by the number of ranks (integers truncate toward
+    zero). On bool tensors Sum and Max are logical or, Product and Min logical and.
+
+    Example:
+        >>> ReduceOp.Average is ReduceOp(0)
+        True
+    """
+
+    Average = 0
+    Sum = 1
+    Min = 2
+    Max = 3
+    Product = 4
+
+
+# ReduceOp -> code of fastring.kernels.KernelOp (SUM=0, MIN=1, MAX=2, PRODUCT=3).
+KERNEL_OP = {ReduceOp.Average: 0, ReduceOp.Sum: 0, ReduceOp.Min: 1, ReduceOp.Max: 2, ReduceOp.Product: 3}
+# ReduceOp -> code of _transport._op (SUM, MIN, MAX, PROD, LOR, LAND); bool uses the logical ones.
+MPI_OP = {ReduceOp.Average: 0, ReduceOp.Sum: 0, ReduceOp.Min: 1, ReduceOp.Max: 2, ReduceOp.Product: 3}
+MPI_BOOL_OP = {ReduceOp.Sum: 4, ReduceOp.Max: 4, ReduceOp.Min: 5, ReduceOp.Product: 5}
+
+
+def as_reduce_op(op) -> ReduceOp:
+    """Validate a user's op argument.
+
+    Example:
+        >>> as_reduce_op(1).name
+        'Sum'
+    """
+    if isinstance(op, ReduceOp):
+        return op
+    if isinstance(op, int) and not isinstance(op, bool):
+        try:
+            return ReduceOp(op)
+        except ValueError:
+            pass
+    raise ValueError(f"op must be one of {', '.join(o.name for o in ReduceOp)}, got {op!r}")

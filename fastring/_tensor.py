@@ -1,0 +1,78 @@
+"""Tensors in and out: any DLPack exporter (numpy, torch, JAX, ...) or buffer-protocol object
+becomes a numpy view of the same memory, and a numpy result goes back as the caller's type."""
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+
+from ._dtypes import BFLOAT16
+
+
+def _module_of(obj) -> str:
+    return type(obj).__module__.partition(".")[0]
+
+
+def as_array(tensor, what: str = "tensor") -> np.ndarray:
+    """A numpy view (no copy) of `tensor`'s memory, or TypeError if it cannot be read.
+
+    Example:
+        >>> as_array(bytearray(b"ab")).dtype
+        dtype('uint8')
+    """
+    if isinstance(tensor, np.ndarray):
+        return tensor
+    if _module_of(tensor) == "torch":
+        return _torch_as_array(tensor, what)
+    if hasattr(tensor, "__dlpack__"):
+        try:
+            return np.from_dlpack(tensor)
+        except (BufferError, TypeError, RuntimeError, ValueError) as e:
+            raise TypeError(f"{what} of type {type(tensor).__name__} cannot be read as a host array: {e}") from None
+    if isinstance(tensor, (int, float, bool, complex, str)) or tensor is None:
+        raise TypeError(f"{what} must be a tensor or array, got {type(tensor).__name__}")
+    try:
+        return np.asarray(memoryview(tensor))
+    except TypeError:
+        raise TypeError(f"{what} of type {type(tensor).__name__} exports neither __dlpack__ "
+                        "nor the buffer protocol") from None
+
+
+def _torch_as_array(tensor, what: str) -> np.ndarray:
+    import torch
+
+    if tensor.device.type != "cpu":
+        raise NotImplementedError(f"{what} is on device {tensor.device}; device tensors are "
+                                  "not supported yet (CPU tensors only)")
+    t = tensor.detach()
+    # numpy's DLPack importer knows no bfloat16: move the bits as int16 and relabel them.
+    if t.dtype == torch.bfloat16:
+        return np.from_dlpack(t.view(torch.int16)).view(BFLOAT16)
+    try:
+        return np.from_dlpack(t)
+    except (BufferError, TypeError, RuntimeError) as e:
+        raise TypeError(f"{what} of torch dtype {t.dtype} cannot be read as an array: {e}") from None
+
+
+def like(template, array: np.ndarray):
+    """`array` as the framework type of `template` (zero copy where the framework allows).
+
+    Example:
+        >>> like(np.zeros(2), np.ones(2))
+        array([1., 1.])
+    """
+    if isinstance(template, np.ndarray):
+        return array
+    module = _module_of(template)
+    if module == "torch":
+        import torch
+
+        if array.dtype == BFLOAT16:
+            return torch.from_dlpack(array.view(np.int16)).view(torch.bfloat16)
+        return torch.from_dlpack(array)
+    if hasattr(template, "__dlpack__"):
+        fw = sys.modules.get(module)
+        from_dlpack = getattr(fw, "from_dlpack", None) or getattr(getattr(fw, "numpy", None), "from_dlpack", None)
+        if from_dlpack is not None:
+            return from_dlpack(array)
+    return array

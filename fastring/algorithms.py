@@ -1,0 +1,143 @@
+"""Allreduce algorithms over a flat, contiguous buffer, reduced in place.
+
+An ordered list; under FASTRING_ALGORITHM=auto the first algorithm whose `enabled` accepts
+the message wins, otherwise the named one runs (the MPI library's own allreduce only where
+MPI has the dtype: float16 and bfloat16 then take recursive doubling). Each `run` calls
+`finalize(view)` exactly once per element on fully reduced data, so Average's division and
+the postscale touch 1/N of the buffer in the ring instead of all of it.
+"""
+from __future__ import annotations
+
+import contextlib
+from typing import Callable, ContextManager
+
+import numpy as np
+
+from . import kernels
+from ._config import RING_SEGMENT_BYTES, SMALL_MESSAGE_BYTES
+from ._dtypes import DtypeSpec
+from ._transport import array_address
+from ._ops import KERNEL_OP, MPI_BOOL_OP, MPI_OP, ReduceOp
+
+Finalize = Callable[[np.ndarray], None]
+Phase = Callable[[str], ContextManager]  # phase("reduce-scatter") times that phase (timeline)
+
+
+def no_phase(name: str) -> ContextManager:
+    return contextlib.nullcontext()
+
+
+def chunk_offsets(count: int, parts: int, itemsize: int) -> np.ndarray:
+    """Byte offsets splitting `count` elements into `parts` chunks, the first count % parts
+    one element longer (the contract's reducescatter layout).
+
+    Example:
+        >>> chunk_offsets(5, 2, 4).tolist()
+        [0, 12, 20]
+    """
+    base, extra = divmod(count, parts)
+    sizes = np.full(parts, base, np.int64)
+    sizes[:extra] += 1
+    offsets = np.zeros(parts + 1, np.int64)
+    np.cumsum(sizes * itemsize, out=offsets[1:])
+    return offsets
+
+
+class MpiNative:
+    """The MPI library's own MPI_Allreduce: lowest latency for small messages."""
+
+    name = "mpi"
+
+    @staticmethod
+    def enabled(nbytes: int, spec: DtypeSpec) -> bool:
+        return spec.mpi_code is not None and nbytes <= SMALL_MESSAGE_BYTES
+
+    @staticmethod
+    def available(spec: DtypeSpec) -> bool:
+        return spec.mpi_code is not None
+
+    @staticmethod
+    def run(rt, flat: np.ndarray, spec: DtypeSpec, op: ReduceOp, finalize: Finalize,
+            phase: Phase = no_phase) -> None:
+        codes = MPI_BOOL_OP if spec.name == "bool" else MPI_OP
+        addr = array_address(flat)
+        with phase("mpi-allreduce"):
+            rt.transport.mpi_allreduce(addr, addr, flat.size, spec.mpi_code, codes[op])
+            finalize(flat)
+
+
+class RecursiveDoubling:
+    """log2(N) whole-buffer exchanges, reducing with fastring's kernels (any dtype)."""
+
+    name = "recursive_doubling"
+
+    @staticmethod
+    def enabled(nbytes: int, spec: DtypeSpec) -> bool:
+        return nbytes <= SMALL_MESSAGE_BYTES
+
+    @staticmethod
+    def available(spec: DtypeSpec) -> bool:
+        return True
+
+    @staticmethod
+    def run(rt, flat: np.ndarray, spec: DtypeSpec, op: ReduceOp, finalize: Finalize,
+            phase: Phase = no_phase) -> None:
+        with phase("recursive-doubling"):
+            if rt.size > 1:
+                tmp = rt.scratch(flat.nbytes)
+                rt.transport.recursive_doubling(array_address(flat), flat.nbytes, array_address(tmp),
+                                                kernels.reduce_cfunc(KERNEL_OP[op], spec.dtype),
+                                                spec.dtype.itemsize)
+            finalize(flat)
+
+
+class Ring:
+    """Bandwidth-optimal ring: reduce-scatter in cache-sized segments, then allgather."""
+
+    name = "ring"
+
+    @staticmethod
+    def enabled(nbytes: int, spec: DtypeSpec) -> bool:
+        return True
+
+    @staticmethod
+    def available(spec: DtypeSpec) -> bool:
+        return True
+
+    @staticmethod
+    def run(rt, flat: np.ndarray, spec: DtypeSpec, op: ReduceOp, finalize: Finalize,
+            phase: Phase = no_phase) -> None:
+        itemsize = spec.dtype.itemsize
+        offsets = chunk_offsets(flat.size, rt.size, itemsize)
+        with phase("reduce-scatter"):
+            if rt.size > 1:
+                segment = max(itemsize, RING_SEGMENT_BYTES - RING_SEGMENT_BYTES % itemsize)
+                tmp = rt.scratch(segment)
+                rt.transport.ring_reduce_scatter(array_address(flat), offsets, array_address(tmp), segment,
+                                                 kernels.reduce_cfunc(KERNEL_OP[op], spec.dtype), itemsize)
+            lo, hi = offsets[rt.rank] // itemsize, offsets[rt.rank + 1] // itemsize
+            finalize(flat[lo:hi])
+        with phase("allgather"):
+            if rt.size > 1:
+                rt.transport.ring_allgather(array_address(flat), offsets)
+
+
+ALGORITHMS = (MpiNative, RecursiveDoubling, Ring)
+_BY_NAME = {a.name: a for a in ALGORITHMS}
+
+
+def choose(setting: str, nbytes: int, spec: DtypeSpec):
+    """The algorithm for one allreduce: FASTRING_ALGORITHM's choice, or under 'auto' the first
+    enabled one. A forced 'mpi' on a dtype MPI lacks falls back to recursive doubling.
+
+    Example:
+        >>> from fastring._dtypes import spec_of
+        >>> choose("auto", 1 << 30, spec_of("float32")).name
+        'ring'
+    """
+    if setting == "auto":
+        for algorithm in ALGORITHMS:
+            if algorithm.enabled(nbytes, spec):
+                return algorithm
+    algorithm = _BY_NAME[setting]
+    return algorithm if algorithm.available(spec) else RecursiveDoubling

@@ -1,0 +1,217 @@
+"""The framework-agnostic collectives (API.md, core module). Each builds a Request for the
+engine; the synchronous form is the asynchronous one plus a wait."""
+from __future__ import annotations
+
+import numbers
+from typing import Sequence
+
+import numpy as np
+
+from ._dtypes import DtypeSpec, spec_of
+from ._ops import ReduceOp, as_reduce_op
+from ._runtime import runtime
+from ._tensor import as_array, like
+from ._transport import is_writable_c_contiguous
+from .engine import AllreduceWork, Entry, Handle, Request
+
+Average, Sum, Min, Max, Product = (ReduceOp.Average, ReduceOp.Sum, ReduceOp.Min,
+                                   ReduceOp.Max, ReduceOp.Product)
+
+
+def _factor(value, what: str) -> float:
+    if type(value) is float:
+        return value
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{what} must be a real number, got {type(value).__name__}")
+    return float(value)
+
+
+def _name(name) -> str | None:
+    if name is not None and not isinstance(name, str):
+        raise TypeError(f"name must be a string, got {type(name).__name__}")
+    return name
+
+
+def _entry(tensor, arr: np.ndarray, out) -> Entry:
+    """Where one tensor's allreduce reads, works and writes; nothing is copied until it runs."""
+    if out is None:
+        work = np.empty(arr.shape, arr.dtype)
+        return Entry(arr, work, work, like(tensor, work))
+    target = arr if out is tensor else as_array(out, "out")
+    if target.shape != arr.shape:
+        raise ValueError(f"out has shape {target.shape}, the tensor {arr.shape}")
+    if target.dtype != arr.dtype:
+        raise TypeError(f"out has dtype {target.dtype}, the tensor {arr.dtype}")
+    if is_writable_c_contiguous(target):
+        return Entry(arr, target, target, out)
+    if not target.flags.writeable:
+        raise ValueError("out is read-only")
+    # A non-contiguous target is reduced through a contiguous copy, written back at the end.
+    return Entry(arr, np.empty(arr.shape, arr.dtype), target, out)
+
+
+def _check_op_for_dtype(op: ReduceOp, spec: DtypeSpec) -> None:
+    if spec.name == "bool" and op == ReduceOp.Average:
+        raise TypeError("Average is not defined for bool tensors; use Sum (logical or) or Min/Max")
+
+
+def _allreduce_request(kind: str, tensors: Sequence, outs: Sequence, op, name, prescale_factor,
+                       postscale_factor, grouped: bool) -> tuple:
+    rt = runtime()
+    op = as_reduce_op(op)
+    prescale = _factor(prescale_factor, "prescale_factor")
+    postscale = _factor(postscale_factor, "postscale_factor")
+    name = _name(name)
+    if grouped:
+        arrays = [as_array(t) for t in tensors]
+        spec = spec_of(arrays[0].dtype)
+        for a in arrays[1:]:
+            if a.dtype != spec.dtype:
+                raise TypeError(f"grouped tensors must share one dtype, got {spec.dtype} and {a.dtype}")
+        shapes = tuple(a.shape for a in arrays)
+        nbytes = sum(a.nbytes for a in arrays)
+    else:
+        arrays = [as_array(tensors[0])]
+        spec = spec_of(arrays[0].dtype)
+        shapes = arrays[0].shape
+        nbytes = arrays[0].nbytes
+    _check_op_for_dtype(op, spec)
+    entries = [_entry(t, a, o) for t, a, o in zip(tensors, arrays, outs)]
+    engine = rt.engine
+    name = name or engine.auto_name(kind)
+    fields = (("collective", kind), ("dtype", spec.name), ("shape", shapes), ("op", op.name),
+              ("prescale_factor", prescale), ("postscale_factor", postscale), ("device", "cpu"))
+    work = AllreduceWork(spec, op, prescale, postscale, entries, grouped)
+    request = Request(kind, name, fields, nbytes, Handle(engine, name), allreduce=work)
+    return engine, request
+
+
+def allreduce_async(tensor, op: ReduceOp = ReduceOp.Average, *, name: str | None = None,
+                    prescale_factor: float = 1.0, postscale_factor: float = 1.0, out=None) -> Handle:
+    """Start an allreduce and return its Handle; `handle.wait()` gives what `allreduce` would.
+
+    The tensor (and `out`) must not be modified until the handle completes.
+
+    Example:
+        >>> import numpy as np, fastring
+        >>> fastring.init()
+        >>> h = fastring.allreduce_async(np.ones(3), op=fastring.Sum, name="w")
+        >>> fastring.synchronize(h)
+        array([1., 1., 1.])
+    """
+    engine, request = _allreduce_request("allreduce", [tensor], [out], op, name, prescale_factor,
+                                         postscale_factor, grouped=False)
+    return engine.submit(request)
+
+
+def allreduce(tensor, op: ReduceOp = ReduceOp.Average, *, name: str | None = None,
+              prescale_factor: float = 1.0, postscale_factor: float = 1.0, out=None):
+    """Reduce `tensor` over all ranks; every rank receives the bitwise-identical result.
+
+    The result has the caller's framework type, dtype and shape. `out=` writes into the given
+    tensor (in place when `out is tensor`); the input is otherwise left untouched.
+    `prescale_factor` multiplies each rank's input before the reduction, `postscale_factor`
+    the result after it. Average on float16/bfloat16 divides before summing, so that values
+    near the format's maximum do not overflow. A mismatch across ranks under one name (shape,
+    dtype, op, scale factors) raises FastringError on every rank and leaves tensors untouched.
+
+    Example:
+        >>> import numpy as np, fastring
+        >>> fastring.init()
+        >>> fastring.allreduce(np.ones(4), op=fastring.Sum)   # on 1 rank
+        array([1., 1., 1., 1.])
+    """
+    engine, request = _allreduce_request("allreduce", [tensor], [out], op, name, prescale_factor,
+                                         postscale_factor, grouped=False)
+    return engine.run(request)
+
+
+def grouped_allreduce_async(tensors: Sequence, op: ReduceOp = ReduceOp.Average, *,
+                            name: str | None = None, prescale_factor: float = 1.0,
+                            postscale_factor: float = 1.0) -> Handle:
+    """Start one fused allreduce of a list of tensors (one dtype); the handle returns a list.
+
+    Example:
+        >>> import numpy as np, fastring
+        >>> fastring.init()
+        >>> fastring.grouped_allreduce_async([np.ones(2), np.zeros(3)], op=fastring.Sum).wait()
+        [array([1., 1.]), array([0., 0., 0.])]
+    """
+    tensors = _tensor_list(tensors)
+    engine, request = _allreduce_request("grouped_allreduce", tensors, [None] * len(tensors), op, name,
+                                         prescale_factor, postscale_factor, grouped=True)
+    return engine.submit(request)
+
+
+def grouped_allreduce(tensors: Sequence, op: ReduceOp = ReduceOp.Average, *, name: str | None = None,
+                      prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> list:
+    """Allreduce a list of tensors (one dtype) as one fused operation; returns a list.
+
+    Example:
+        >>> import numpy as np, fastring
+        >>> fastring.init()
+        >>> fastring.grouped_allreduce([np.ones(2), np.ones(1)], op=fastring.Sum)
+        [array([1., 1.]), array([1.])]
+    """
+    tensors = _tensor_list(tensors)
+    engine, request = _allreduce_request("grouped_allreduce", tensors, [None] * len(tensors), op, name,
+                                         prescale_factor, postscale_factor, grouped=True)
+    return engine.run(request)
+
+
+def _tensor_list(tensors) -> list:
+    if not isinstance(tensors, (list, tuple)):
+        raise TypeError(f"tensors must be a list or tuple, got {type(tensors).__name__}")
+    if not tensors:
+        raise ValueError("tensors must not be empty")
+    return list(tensors)
+
+
+def synchronize(handle: Handle):
+    """Wait for an asynchronous collective and return its result (or raise its error).
+
+    Example:
+        >>> import numpy as np, fastring
+        >>> fastring.init()
+        >>> fastring.synchronize(fastring.allreduce_async(np.ones(1), op=fastring.Sum))
+        array([1.])
+    """
+    if not isinstance(handle, Handle):
+        raise TypeError(f"expected a fastring Handle, got {type(handle).__name__}")
+    return handle.wait()
+
+
+def poll(handle: Handle) -> bool:
+    """True when the collective behind `handle` has finished; never blocks.
+
+    Example:
+        >>> import numpy as np, fastring
+        >>> fastring.init()
+        >>> h = fastring.allreduce_async(np.ones(1)); h.wait() is not None and fastring.poll(h)
+        True
+    """
+    if not isinstance(handle, Handle):
+        raise TypeError(f"expected a fastring Handle, got {type(handle).__name__}")
+    return handle.done()
+
+
+def start_timeline(path: str) -> None:
+    """Start recording a Chrome-trace timeline of every collective's phases into `path`
+    (written by rank 0 at `stop_timeline` or shutdown). Call it on every rank.
+
+    Example:
+        >>> import fastring
+        >>> fastring.init()
+        >>> fastring.start_timeline("/tmp/fastring-timeline.json"); fastring.stop_timeline()
+    """
+    runtime().engine.timeline.start(path)
+
+
+def stop_timeline() -> None:
+    """Stop recording and write the timeline file. Collective: call it on every rank.
+
+    Example:
+        >>> import fastring
+        >>> fastring.init(); fastring.stop_timeline()   # nothing recorded: writes nothing
+    """
+    runtime().engine.timeline.stop()

@@ -1,0 +1,660 @@
+"""The engine: queued requests, cross-rank negotiation, tensor fusion, handles, stall inspector.
+
+Every collective is a Request submitted here; the synchronous API is submit + wait, one path.
+
+Negotiation runs in cycles. A cycle is one small allreduce (`Transport.cycle_exchange`) of
+  [flags | speculative request hash, bytes | ready bits (AND) | pending bits (OR) | payload]
+where bit i stands for entry i of the response cache, a table of (name, signature) pairs that
+every rank fills identically from agreed outcomes. So in steady state a cycle costs one tiny
+message exchange. Requests the cache does not know, or a stall report, make every rank gather
+the full metadata of its pending requests (`_full_negotiation`), which also explains every
+mismatch by field and rank. Besides, each rank may put its oldest small allreduce into the
+cycle as a speculative payload: when every rank chose the same request the cycle itself
+reduces it, so a lone synchronous small allreduce costs one exchange and no cycle timer.
+
+All ranks derive the same decisions from the same cycle result, so they execute the same
+collectives in the same order. Cycles run on the thread that waits on a handle (no wake-up
+latency for synchronous calls) or on one background thread for asynchronous work; one lock
+makes them take turns, and the transport releases the GIL while bytes move.
+"""
+from __future__ import annotations
+
+import hashlib
+import logging
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import numpy as np
+
+from . import algorithms, kernels
+from ._config import SMALL_MESSAGE_BYTES
+from ._dtypes import DtypeSpec
+from ._errors import FastringError
+from ._ops import KERNEL_OP, ReduceOp
+from ._transport import SPECULATION_FAILED, array_address, copy_bytes, is_c_contiguous
+from .timeline import Timeline
+
+log = logging.getLogger("fastring")
+
+HAS_UNCACHED = 1  # some rank has a request the cache does not know (or knows differently)
+WANT_REPORT = 2   # some rank has waited past FASTRING_STALL_CHECK_TIME: gather everything
+CACHE_CAPACITY = 1 << 14
+HEADER_WORDS = 3
+
+
+class Handle:
+    """The future of one asynchronous collective; `wait()` returns its result.
+
+    Example:
+        >>> import numpy as np, fastring
+        >>> fastring.init()
+        >>> h = fastring.allreduce_async(np.ones(2), op=fastring.Sum)
+        >>> h.wait()
+        array([1., 1.])
+    """
+
+    __slots__ = ("name", "_engine", "_done", "_result", "_error")
+
+    def __init__(self, engine: "Engine", name: str):
+        self.name = name
+        self._engine = engine
+        self._done = False
+        self._result = None
+        self._error: BaseException | None = None
+
+    def done(self) -> bool:
+        """True once the collective finished (successfully or not); never blocks."""
+        return self._done
+
+    def wait(self):
+        """Block until the collective finishes; return its result or raise its error."""
+        if not self._done:
+            self._engine.drive(self)
+        if self._error is not None:
+            raise self._error
+        return self._result
+
+    def _finish(self, result=None, error: BaseException | None = None) -> None:
+        self._result, self._error = result, error
+        self._done = True
+        self._engine._notify_done()
+
+
+@dataclass(eq=False, slots=True)
+class Entry:
+    """One tensor of an allreduce: read `src`, reduce in `work` (contiguous), show `target`."""
+    src: np.ndarray
+    work: np.ndarray
+    target: np.ndarray
+    result: Any  # what the handle returns for this tensor
+
+
+@dataclass(eq=False, slots=True)
+class AllreduceWork:
+    spec: DtypeSpec
+    op: ReduceOp
+    prescale: float
+    postscale: float
+    entries: list[Entry]
+    grouped: bool  # the handle returns a list
+
+    def key(self) -> tuple:
+        return (self.spec.name, int(self.op), self.prescale, self.postscale)
+
+
+@dataclass(eq=False, slots=True)
+class Request:
+    """A submitted collective. `fields` must be equal on every rank under one name."""
+    kind: str
+    name: str
+    fields: tuple
+    nbytes: int
+    handle: Handle
+    allreduce: AllreduceWork | None = None
+    execute: Callable | None = None  # other collectives: execute(runtime) -> result
+    submitted: float = 0.0
+    signature_hash: int = 0
+    next_report: float = float("inf")  # when the stall inspector looks at it next
+
+
+def _describe_mismatch(name: str, by_rank: dict[int, tuple]) -> str:
+    ranks = sorted(by_rank)
+    parts = []
+    for i, (fname, _) in enumerate(by_rank[ranks[0]]):
+        groups: dict[Any, list[int]] = {}
+        for r in ranks:
+            groups.setdefault(by_rank[r][i][1], []).append(r)
+        if len(groups) > 1:
+            parts.append(f"{fname} differs: " + "; ".join(
+                f"rank{'s' if len(rs) > 1 else ''} {', '.join(map(str, rs))}: {value}"
+                for value, rs in groups.items()))
+        if fname == "collective" and len(groups) > 1:
+            break  # other fields mean different things for different collectives
+    return f"mismatch for tensor '{name}': " + "; ".join(parts)
+
+
+class Engine:
+    """Owner of one runtime's queued collectives (see the module docstring)."""
+
+    def __init__(self, rt):
+        self.rt = rt
+        self.config = rt.config
+        self.timeline = Timeline(rt.rank, rt.transport.comm, self.config.timeline)
+        self._queue_lock = threading.Lock()   # guards _pending and _noname
+        self._cycle_lock = threading.Lock()   # one cycle at a time, on any thread
+        self._wake = threading.Condition()
+        self._done_cv = threading.Condition()  # threads waiting on a handle another runs
+        self._waiters = 0
+        self._completed = 0  # requests finished so far: tells a waiting thread about progress
+        self._pending: dict[str, Request] = {}
+        self._noname: dict[str, int] = {}
+        self._cache: dict[str, tuple[int, tuple]] = {}   # name -> (bit, fields)
+        self._cache_names: list[str] = []
+        self._field_digests: dict[tuple, bytes] = {}
+        self._hashes: dict[tuple, int] = {}
+        self._keep_cycling = False   # some rank still had work after the last cycle
+        self._speculate = True
+        self._broken: BaseException | None = None
+        self._thread: threading.Thread | None = None
+        self._running = True
+        self._fusion = np.empty(0, np.uint8)
+        self._block = np.empty(0, np.uint64)
+        self._block_tmp = np.empty(0, np.uint64)
+        self._block_address = self._block_tmp_address = 0
+
+    # ----------------------------------------------------------------- submission
+    def auto_name(self, kind: str) -> str:
+        """Deterministic names for unnamed requests: the n-th unnamed `kind` on every rank."""
+        with self._queue_lock:
+            n = self._noname.get(kind, 0)
+            self._noname[kind] = n + 1
+        return f"{kind}.noname.{n}"
+
+    def submit(self, request: Request, background: bool = True) -> Handle:
+        if self._broken is not None:
+            raise FastringError(f"fastring cannot run collectives after: {self._broken}")
+        h = self._signature_hash(request.name, request.fields)
+        request.signature_hash = h
+        request.submitted = time.monotonic()
+        request.next_report = request.submitted + self._stall_interval(0.0)
+        with self._queue_lock:
+            if request.name in self._pending:
+                raise ValueError(f"a collective named '{request.name}' is already in flight; "
+                                 "wait for it before submitting the name again")
+            self._pending[request.name] = request
+        self.timeline.begin(request.name, "queued")
+        if background:
+            self._start_background()
+        return request.handle
+
+    def _stall_interval(self, waited: float) -> float:
+        """Seconds until a request that has waited `waited` s is next inspected."""
+        check = self.config.stall_check_time or float("inf")
+        limit = self.config.stall_shutdown_time
+        return min(check, limit - waited) if limit > waited else check
+
+    def _signature_hash(self, name: str, fields: tuple) -> int:
+        """A 64-bit digest of (name, fields), equal on every rank for equal requests; never 0
+        (no speculation) nor SPECULATION_FAILED."""
+        key = (name, fields)
+        h = self._hashes.get(key)
+        if h is not None:
+            return h
+        fields_digest = self._field_digests.get(fields)
+        if fields_digest is None:
+            fields_digest = hashlib.blake2b(repr(fields).encode(), digest_size=16).digest()
+            if len(self._field_digests) < CACHE_CAPACITY:
+                self._field_digests[fields] = fields_digest
+        digest = hashlib.blake2b(name.encode(), digest_size=8, key=fields_digest).digest()
+        h = int.from_bytes(digest, "little") % (SPECULATION_FAILED - 1) + 1
+        if ".noname." not in name and len(self._hashes) < CACHE_CAPACITY:
+            self._hashes[key] = h
+        return h
+
+    def run(self, req: Request):
+        """Submit `req` and wait for it: the synchronous form of every collective.
+
+        When nothing else is queued here, the cycle that proposes `req` as the speculative
+        request is run inline on this thread, without queueing it; only if the ranks
+        disagree does the request join the queue like any other.
+        """
+        if (not self._pending and not self._keep_cycling and self._speculate and self._broken is None
+                and not self.timeline.recording and self._cycle_lock.acquire(blocking=False)):
+            try:
+                if not self._pending and not self._keep_cycling:
+                    req.signature_hash = self._signature_hash(req.name, req.fields)
+                    self._cycle([req], lone=True)
+            except BaseException as e:  # noqa: BLE001 - delivered to every waiter
+                self._fail_all(e)
+                if not req.handle._done:
+                    req.handle._finish(error=e)
+            finally:
+                self._cycle_lock.release()
+        if not req.handle._done and req.name not in self._pending:
+            self.submit(req, background=False)
+        return req.handle.wait()
+
+    # ----------------------------------------------------------------- driving cycles
+    def drive(self, handle: Handle) -> None:
+        """Run cycles on this thread until `handle` completes (or wait if another thread is)."""
+        idle_pause = self.config.cycle_time_ms / 1000.0
+        while not handle.done():
+            if self._cycle_lock.acquire(blocking=False):
+                try:
+                    if not handle.done() and self._broken is None:
+                        completed = self._completed
+                        self._cycle()
+                        if self._completed == completed and not handle.done():
+                            # Nothing could run yet: other ranks are behind. Pace the cycles
+                            # instead of spinning them.
+                            time.sleep(idle_pause)
+                except BaseException as e:  # noqa: BLE001 - delivered to every waiter
+                    self._fail_all(e)
+                finally:
+                    self._cycle_lock.release()
+            else:
+                with self._done_cv:
+                    self._waiters += 1
+                    if not handle.done():
+                        self._done_cv.wait(0.001)
+                    self._waiters -= 1
+        if self._keep_cycling or self._pending:
+            self._start_background()
+
+    def _notify_done(self) -> None:
+        if self._waiters:
+            with self._done_cv:
+                self._done_cv.notify_all()
+
+    def _start_background(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._background, name="fastring-engine", daemon=True)
+            self._thread.start()
+        with self._wake:
+            self._wake.notify()
+
+    def _background(self) -> None:
+        cycle_s = self.config.cycle_time_ms / 1000.0
+        while True:
+            with self._wake:
+                while self._running and not (self._pending or self._keep_cycling):
+                    self._wake.wait()
+                if not self._running:
+                    return
+            # Let a burst of asynchronous submissions gather so that they fuse.
+            time.sleep(cycle_s)
+            with self._cycle_lock:
+                if self._running and (self._pending or self._keep_cycling) and self._broken is None:
+                    try:
+                        self._cycle()
+                    except BaseException as e:  # noqa: BLE001 - delivered to every waiter
+                        self._fail_all(e)
+
+    def shutdown(self) -> None:
+        """Finish the cycles other ranks still expect, fail what cannot finish, stop."""
+        with self._cycle_lock:
+            while self._keep_cycling and not self._pending and self._broken is None:
+                self._cycle()
+            self._running = False
+        with self._wake:
+            self._wake.notify_all()
+        if self._thread is not None:
+            self._thread.join()
+        self._fail_all(FastringError("fastring was shut down before this collective ran"), broken=False)
+        self.timeline.close()
+
+    def _fail_all(self, error: BaseException, broken: bool = True) -> None:
+        if broken:
+            self._broken = error
+        with self._queue_lock:
+            pending, self._pending = list(self._pending.values()), {}
+        for r in pending:
+            r.handle._finish(error=error if isinstance(error, FastringError) else FastringError(str(error)))
+
+    # ----------------------------------------------------------------- one cycle
+    def _cycle(self, pending: list[Request] | None = None, lone: bool = False) -> None:
+        """One negotiation cycle over `pending` (default: the queue). With `lone`, the only
+        request is not queued yet; it is queued if the ranks do not agree on it."""
+        if pending is None:
+            with self._queue_lock:
+                pending = list(self._pending.values())
+        words = self._words
+        spec_req = pending[0] if self._speculate and pending else None
+        cached = self._write_header(pending, spec_req, words)
+        outcome = self.rt.transport.cycle_exchange(
+            self._block_address, words, SMALL_MESSAGE_BYTES, self._block_tmp_address,
+            *self._spec_reduce(spec_req), self.config.stall_check_time,
+            _StallReporter(pending, self.config.stall_shutdown_time))
+        if lone and outcome[1] != spec_req.signature_hash:
+            spec_req.submitted = time.monotonic()
+            spec_req.next_report = spec_req.submitted + self._stall_interval(0.0)
+            with self._queue_lock:
+                self._pending[spec_req.name] = spec_req
+        self._after_exchange(outcome, words, pending, cached, spec_req)
+
+    def _write_header(self, pending: list[Request], spec_req, words: int) -> dict[int, Request]:
+        """Fill the cycle block: flags, the speculative request (and its payload), the bits of
+        the cached requests. Returns bit -> request for the cached ones."""
+        header = self._header
+        cached: dict[int, Request] = {}
+        flags = 0
+        if words:
+            self._block[HEADER_WORDS:HEADER_WORDS + 2 * words] = 0
+        if len(pending) > 1 or spec_req is None:
+            now = time.monotonic()
+            for r in pending:
+                if now >= r.next_report:
+                    flags |= WANT_REPORT
+                if r is spec_req:
+                    continue
+                entry = self._cache.get(r.name)
+                if entry is not None and entry[1] == r.fields:
+                    bit = entry[0]
+                    header[HEADER_WORDS + (bit >> 6)] |= 1 << (bit & 63)
+                    header[HEADER_WORDS + words + (bit >> 6)] |= 1 << (bit & 63)
+                    cached[bit] = r
+                else:
+                    flags |= HAS_UNCACHED
+        elif time.monotonic() >= spec_req.next_report:
+            flags = WANT_REPORT
+        header[0] = flags
+        if spec_req is None:
+            header[1] = header[2] = 0
+            return cached
+        header[1] = spec_req.signature_hash
+        work = spec_req.allreduce
+        if not _carries_payload(spec_req):
+            header[2] = 0
+            return cached
+        header[2] = spec_req.nbytes
+        e = work.entries[0]
+        if len(work.entries) == 1 and work.prescale == 1.0 and not _predivides(work, self.rt.size) \
+                and is_c_contiguous(e.src):
+            copy_bytes(self._payload_address(words), array_address(e.src), spec_req.nbytes)
+        else:
+            _pack(work, self._payload(words, spec_req.nbytes, work.spec.dtype), self.rt.size)
+        return cached
+
+    def _after_exchange(self, outcome: tuple, words: int, pending: list[Request],
+                        cached: dict[int, Request], spec_req) -> None:
+        """Act on a cycle's combined header: identical on every rank, so every rank decides
+        the same completions, errors and order of execution."""
+        out_flags, spec_hash, leftover, any_ready = outcome
+        speculated = spec_req is not None and spec_hash == spec_req.signature_hash
+        self._speculate = spec_hash != SPECULATION_FAILED
+        agreed = []
+        if speculated:
+            self._remember(spec_req)
+            if _carries_payload(spec_req):
+                self._finish_speculation(spec_req, words)
+            else:
+                agreed = [spec_req]
+        if out_flags & (HAS_UNCACHED | WANT_REPORT):
+            ready, errors, leftover = self._full_negotiation(pending, spec_req if speculated else None,
+                                                              bool(out_flags & WANT_REPORT))
+        elif any_ready:
+            ready = [cached[bit] for bit in _bits(self._block[HEADER_WORDS:HEADER_WORDS + words]) if bit in cached]
+            errors = []
+        else:
+            ready, errors = [], []
+        ready = agreed + ready
+        self._keep_cycling = leftover or spec_hash == SPECULATION_FAILED
+        for name, message in errors:
+            local = self._pending.get(name)
+            if local is not None:
+                self._complete(local, error=FastringError(message))
+        if ready:
+            self._execute(ready)
+
+    @property
+    def _words(self) -> int:
+        """Bit-vector words per cycle; the cache grows identically on every rank."""
+        words = (len(self._cache_names) + 63) // 64
+        total = HEADER_WORDS + 2 * words + SMALL_MESSAGE_BYTES // 8
+        if self._block.size < total:
+            self._block = np.zeros(total + 64, np.uint64)
+            self._block_tmp = np.zeros(total + 64, np.uint64)
+            self._block_address = array_address(self._block)
+            self._block_tmp_address = array_address(self._block_tmp)
+            # item writes through a memoryview cost a tenth of numpy scalar assignment
+            self._header = memoryview(self._block).cast("B").cast("Q")
+        return words
+
+    def _payload_address(self, words: int) -> int:
+        return self._block_address + 8 * (HEADER_WORDS + 2 * words)
+
+    def _payload(self, words: int, nbytes: int, dtype) -> np.ndarray:
+        start = HEADER_WORDS + 2 * words
+        return self._block[start:].view(np.uint8)[:nbytes].view(dtype)
+
+    @staticmethod
+    def _spec_reduce(spec_req) -> tuple[int, int]:
+        if spec_req is None or not _carries_payload(spec_req):
+            return 0, 1
+        work = spec_req.allreduce
+        return kernels.reduce_cfunc(KERNEL_OP[work.op], work.spec.dtype), work.spec.dtype.itemsize
+
+    def _finish_speculation(self, req: Request, words: int) -> None:
+        """The cycle reduced `req`'s payload: finalize it and hand it out."""
+        work = req.allreduce
+        e = work.entries[0]
+        if len(work.entries) == 1 and _finalizer(work, self.rt.size) is None and e.target is e.work:
+            copy_bytes(array_address(e.work), self._payload_address(words), req.nbytes)
+            self._complete(req, [e.result] if work.grouped else e.result)
+            return
+        flat = self._payload(words, req.nbytes, work.spec.dtype)
+        finalize = _finalizer(work, self.rt.size)
+        if finalize is not None:
+            finalize(flat)
+        self._unpack_and_finish(req, flat)
+
+    def _remember(self, req: Request) -> None:
+        """Cache an agreed (name, fields); called in the same order on every rank."""
+        entry = self._cache.get(req.name)
+        if entry is not None:
+            self._cache[req.name] = (entry[0], req.fields)
+        elif len(self._cache_names) < CACHE_CAPACITY and ".noname." not in req.name:
+            self._cache[req.name] = (len(self._cache_names), req.fields)
+            self._cache_names.append(req.name)
+
+    def _full_negotiation(self, pending: list[Request], speculated, report: bool):
+        mine = [(r.name, r.fields) for r in pending if r is not speculated]
+        gathered = self.rt.transport.comm.allgather(mine)
+        size = self.rt.size
+        by_name: dict[str, dict[int, tuple]] = {}
+        for rank, items in enumerate(gathered):
+            for name, fields in items:
+                by_name.setdefault(name, {})[rank] = fields
+        local = {r.name: r for r in pending}
+        ready, errors, leftover = [], [], False
+        for name, per_rank in by_name.items():
+            if len(per_rank) < size:
+                leftover = True
+                if report and name in local:
+                    self._report_stall(local[name], sorted(set(range(size)) - set(per_rank)))
+                continue
+            first = per_rank[0]
+            if all(f == first for f in per_rank.values()):
+                if name in local:
+                    ready.append(local[name])
+                    self._remember(local[name])
+            else:
+                errors.append((name, _describe_mismatch(name, per_rank)))
+        return ready, errors, leftover
+
+    def _report_stall(self, req: Request, missing: list[int]) -> None:
+        waited = time.monotonic() - req.submitted
+        log.warning("stall: %s '%s' has waited %.1f s; ranks %s have not submitted it",
+                    req.kind, req.name, waited, missing)
+        req.next_report = time.monotonic() + self._stall_interval(waited)
+        shutdown_after = self.config.stall_shutdown_time
+        if shutdown_after > 0 and waited >= shutdown_after:
+            self._complete(req, error=FastringError(
+                f"stall: {req.kind} '{req.name}' waited {waited:.1f} s (FASTRING_STALL_SHUTDOWN_TIME="
+                f"{shutdown_after:g}); ranks {missing} never submitted it"))
+
+    # ----------------------------------------------------------------- execution
+    def _complete(self, req: Request, result=None, error: BaseException | None = None) -> None:
+        with self._queue_lock:
+            if self._pending.get(req.name) is req:
+                del self._pending[req.name]
+        self.timeline.end(req.name, "queued")
+        self._completed += 1
+        req.handle._finish(result, error)
+
+    def _execute(self, ready: list[Request]) -> None:
+        groups: dict[tuple, list[Request]] = {}
+        order: list[tuple] = []
+        for r in ready:
+            key = ("allreduce",) + r.allreduce.key() if r.allreduce is not None else ("single", r.name)
+            if key not in groups:
+                groups[key] = []
+                order.append(key)
+            groups[key].append(r)
+        for key in order:
+            reqs = groups[key]
+            try:
+                if key[0] == "allreduce":
+                    self._run_allreduce(reqs)
+                else:
+                    with self.timeline.span(reqs[0].name, reqs[0].kind):
+                        result = reqs[0].execute(self.rt)
+                    self._complete(reqs[0], result)
+            except Exception as e:  # noqa: BLE001 - the error belongs to these handles
+                for r in reqs:
+                    self._complete(r, error=e)
+
+    def _run_allreduce(self, reqs: list[Request]) -> None:
+        """Fuse requests of one key into batches of at most the fusion threshold and reduce
+        each batch with one algorithm run; a request alone is reduced in its own buffer."""
+        threshold = max(self.config.fusion_threshold, 1)
+        batch: list[Request] = []
+        batch_bytes = 0
+        for r in reqs + [None]:
+            if r is None or (batch and batch_bytes + r.nbytes > threshold):
+                self._reduce_batch(batch)
+                batch, batch_bytes = [], 0
+            if r is not None:
+                batch.append(r)
+                batch_bytes += r.nbytes
+
+    def _reduce_batch(self, batch: list[Request]) -> None:
+        if not batch:
+            return
+        work = batch[0].allreduce
+        rt = self.rt
+        names = [r.name for r in batch]
+        if len(batch) == 1 and len(work.entries) == 1:
+            e = work.entries[0]
+            flat = e.work.reshape(-1)
+            with self.timeline.span(names, "pack"):
+                if e.src is not e.work:
+                    np.copyto(e.work, e.src)
+                _prescale(work, flat, rt.size)
+            self._reduce(names, flat, work)
+            if e.target is not e.work:
+                np.copyto(e.target, e.work)
+            self._complete(batch[0], e.result)
+            return
+        total = sum(r.nbytes for r in batch)
+        if self._fusion.nbytes < total:
+            self._fusion = np.empty(total, np.uint8)
+        flat = self._fusion[:total].view(work.spec.dtype)
+        with self.timeline.span(names, "pack"):
+            offset = 0
+            for r in batch:
+                n = r.nbytes // work.spec.dtype.itemsize
+                _pack(r.allreduce, flat[offset:offset + n], rt.size)
+                offset += n
+        self._reduce(names, flat, work)
+        offset = 0
+        for r in batch:
+            n = r.nbytes // work.spec.dtype.itemsize
+            self._unpack_and_finish(r, flat[offset:offset + n])
+            offset += n
+
+    def _reduce(self, names, flat: np.ndarray, work: AllreduceWork) -> None:
+        algorithm = algorithms.choose(self.config.algorithm, flat.nbytes, work.spec)
+        algorithm.run(self.rt, flat, work.spec, work.op, _finalizer(work, self.rt.size) or _nothing,
+                      lambda phase: self.timeline.span(names, phase))
+
+    def _unpack_and_finish(self, req: Request, flat: np.ndarray) -> None:
+        with self.timeline.span(req.name, "unpack"):
+            offset = 0
+            for e in req.allreduce.entries:
+                n = e.work.size
+                np.copyto(e.target, flat[offset:offset + n].reshape(e.target.shape))
+                offset += n
+        entries = req.allreduce.entries
+        self._complete(req, [e.result for e in entries] if req.allreduce.grouped else entries[0].result)
+
+
+class _StallReporter:
+    """Called by the transport when a cycle partner has not answered for a while."""
+
+    def __init__(self, pending: list[Request], shutdown_after: float):
+        self.pending, self.shutdown_after = pending, shutdown_after
+
+    def __call__(self, partner: int, waited: float) -> None:
+        names = [r.name for r in self.pending] or ["(none: this rank is finishing others' work)"]
+        log.warning("stall: waited %.1f s for rank %d to join negotiation; pending here: %s",
+                    waited, partner, ", ".join(names))
+        limit = self.shutdown_after
+        if limit > 0 and waited >= limit:
+            raise FastringError(f"stall: rank {partner} did not join negotiation within {waited:.1f} s "
+                                f"(FASTRING_STALL_SHUTDOWN_TIME={limit:g}); pending here: {', '.join(names)}")
+
+
+def _carries_payload(req: Request) -> bool:
+    return req.allreduce is not None and req.nbytes <= SMALL_MESSAGE_BYTES
+
+
+def _nothing(view: np.ndarray) -> None:
+    pass
+
+
+def _bits(words: np.ndarray):
+    for i, w in enumerate(words.tolist()):
+        while w:
+            low = w & -w
+            yield i * 64 + low.bit_length() - 1
+            w ^= low
+
+
+def _predivides(work: AllreduceWork, size: int) -> bool:
+    # Summing float16/bfloat16 values near the format's maximum would overflow before the
+    # division, so Average divides first for those formats.
+    return work.op == ReduceOp.Average and size > 1 and work.spec.is_16bit_float
+
+
+def _prescale(work: AllreduceWork, flat: np.ndarray, size: int) -> None:
+    if work.prescale != 1.0:
+        kernels.scale_into(flat, work.prescale)
+    if _predivides(work, size):
+        kernels.divide_into(flat, size)
+
+
+def _pack(work: AllreduceWork, flat: np.ndarray, size: int) -> None:
+    offset = 0
+    for e in work.entries:
+        n = e.src.size
+        np.copyto(flat[offset:offset + n].reshape(e.src.shape), e.src)
+        offset += n
+    _prescale(work, flat, size)
+
+
+def _finalizer(work: AllreduceWork, size: int) -> Callable[[np.ndarray], None] | None:
+    """What runs on fully reduced data (Average's division, the postscale), or None."""
+    divide = work.op == ReduceOp.Average and size > 1 and not _predivides(work, size)
+    postscale = work.postscale
+    if not divide and postscale == 1.0:
+        return None
+
+    def finalize(view: np.ndarray) -> None:
+        if divide:
+            kernels.divide_into(view, size)
+        if postscale != 1.0:
+            kernels.scale_into(view, postscale)
+    return finalize

@@ -1,0 +1,115 @@
+"""Chrome-trace timeline of every collective's phases, from every rank (pid = rank).
+
+Each tensor name gets its own track (tid); its phases (queued, pack, reduce-scatter,
+allgather, unpack, ...) are complete ("X") events. Events stay in memory on each rank and are
+gathered to rank 0, which writes one JSON file that chrome://tracing and Perfetto open.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import threading
+import time
+
+
+class Timeline:
+    """Collects events while recording; `close()` writes the file (collective over ranks).
+
+    Example:
+        >>> from mpi4py import MPI
+        >>> t = Timeline(0, MPI.COMM_SELF, None)
+        >>> t.recording
+        False
+    """
+
+    def __init__(self, rank: int, comm, path: str | None):
+        self.rank = rank
+        # A private communicator: the gather at close must not interleave with the engine's
+        # own collectives on another thread.
+        self._comm = comm.Dup()
+        self._lock = threading.Lock()
+        self._path: str | None = None
+        self._events: list[dict] = []
+        self._open: dict[tuple, float] = {}
+        self._tids: dict[str, int] = {}
+        self._comm.Barrier()  # ranks share a time origin, to within one barrier's skew
+        self._origin = time.perf_counter()
+        if path:
+            self.start(path)
+
+    @property
+    def recording(self) -> bool:
+        return self._path is not None
+
+    def start(self, path: str) -> None:
+        if not isinstance(path, str) or not path:
+            raise ValueError(f"timeline path must be a non-empty string, got {path!r}")
+        with self._lock:
+            self._path = path
+            self._events, self._open = [], {}
+
+    def _now_us(self) -> float:
+        return (time.perf_counter() - self._origin) * 1e6
+
+    def _tid(self, name: str) -> int:
+        tid = self._tids.get(name)
+        if tid is None:
+            tid = self._tids[name] = len(self._tids) + 1
+        return tid
+
+    def _add(self, name: str, phase: str, start_us: float, end_us: float) -> None:
+        self._events.append({"name": phase, "cat": "fastring", "ph": "X", "ts": start_us,
+                             "dur": max(end_us - start_us, 0.0), "pid": self.rank,
+                             "tid": self._tid(name), "args": {"tensor": name}})
+
+    def begin(self, name: str, phase: str) -> None:
+        if self._path is not None:
+            with self._lock:
+                self._open[(name, phase)] = self._now_us()
+
+    def end(self, name: str, phase: str) -> None:
+        if self._path is not None:
+            with self._lock:
+                start = self._open.pop((name, phase), None)
+                if start is not None:
+                    self._add(name, phase, start, self._now_us())
+
+    @contextlib.contextmanager
+    def span(self, names, phase: str):
+        """Record `phase` for one tensor name or a list of them (a fused batch)."""
+        if self._path is None:
+            yield
+            return
+        start = self._now_us()
+        try:
+            yield
+        finally:
+            end = self._now_us()
+            with self._lock:
+                for name in [names] if isinstance(names, str) else names:
+                    self._add(name, phase, start, end)
+
+    def instant(self, phase: str) -> None:
+        pass  # cycles are not drawn: a busy job runs thousands of them
+
+    def stop(self) -> None:
+        """Gather every rank's events to rank 0 and write the file. Collective."""
+        with self._lock:
+            path, events, tids = self._path, self._events, dict(self._tids)
+            self._path, self._events, self._open = None, [], {}
+        meta = [{"name": "process_name", "ph": "M", "pid": self.rank, "args": {"name": f"rank {self.rank}"}}]
+        meta += [{"name": "thread_name", "ph": "M", "pid": self.rank, "tid": tid, "args": {"name": name}}
+                 for name, tid in tids.items()]
+        gathered = self._comm.gather((path, meta + events), root=0)
+        if self.rank == 0:
+            paths = {p for p, _ in gathered if p}
+            if paths:
+                target = sorted(paths)[0]
+                with open(target, "w") as f:
+                    json.dump({"traceEvents": [e for _, evs in gathered for e in evs],
+                               "displayTimeUnit": "ms"}, f)
+
+    def close(self) -> None:
+        if any(self._comm.allgather(self._path is not None)):
+            self.stop()
+        self._comm.Free()

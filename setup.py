@@ -1,0 +1,38 @@
+"""Build the Cython transport against the MPI of the `mpich` wheel.
+
+mpi.h and libmpi are found through the installed `mpich` distribution's own file list, so
+no compiler wrapper (mpicc), system MPI or flag is needed. libmpi is linked without an rpath:
+the build environment is temporary, and at run time `import mpi4py.MPI` (done first by
+fastring/__init__.py) has already loaded the same libmpi.so.12.
+"""
+import importlib.metadata
+import os
+
+import mpi4py
+import numpy
+from Cython.Build import cythonize
+from setuptools import Extension, setup
+
+
+def mpich_paths():
+    dist = importlib.metadata.distribution("mpich")
+    for f in dist.files or ():
+        if str(f).replace("\\", "/").endswith("include/mpi.h"):
+            header = os.path.realpath(dist.locate_file(f))
+            prefix = os.path.dirname(os.path.dirname(header))
+            return os.path.dirname(header), os.path.join(prefix, "lib")
+    raise RuntimeError("the installed `mpich` distribution ships no include/mpi.h")
+
+
+include_dir, lib_dir = mpich_paths()
+extensions = [
+    Extension(
+        "fastring._transport",
+        ["fastring/_transport.pyx"],
+        include_dirs=[include_dir, mpi4py.get_include(), numpy.get_include()],
+        library_dirs=[lib_dir],
+        libraries=["mpi"],
+        extra_compile_args=["-O2"],
+    )
+]
+setup(ext_modules=cythonize(extensions, compiler_directives={"language_level": 3}))

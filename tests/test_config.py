@@ -1,0 +1,27 @@
+"""FASTRING_* environment parsing: defaults from the contract and errors naming the variable."""
+import pytest
+
+from fastring import _config
+
+
+def test_defaults_match_the_contract():
+    c = _config.from_environment({})
+    assert (c.fusion_threshold, c.cycle_time_ms, c.algorithm, c.timeline) == (134217728, 1.0, "auto", None)
+    assert (c.stall_check_time, c.stall_shutdown_time, c.log_level) == (60.0, 0.0, "warning")
+
+
+def test_values_are_read():
+    c = _config.from_environment({"FASTRING_FUSION_THRESHOLD": "1024", "FASTRING_CYCLE_TIME": "2.5",
+                                  "FASTRING_ALGORITHM": "Ring", "FASTRING_TIMELINE": "/tmp/t.json",
+                                  "FASTRING_STALL_CHECK_TIME": "3", "FASTRING_STALL_SHUTDOWN_TIME": "9",
+                                  "FASTRING_LOG_LEVEL": "debug"})
+    assert (c.fusion_threshold, c.cycle_time_ms, c.algorithm, c.timeline) == (1024, 2.5, "ring", "/tmp/t.json")
+    assert (c.stall_check_time, c.stall_shutdown_time, c.log_level) == (3.0, 9.0, "debug")
+
+
+@pytest.mark.parametrize("key, value", [("FASTRING_FUSION_THRESHOLD", "lots"), ("FASTRING_FUSION_THRESHOLD", "-1"),
+                                        ("FASTRING_ALGORITHM", "tree"), ("FASTRING_LOG_LEVEL", "loud"),
+                                        ("FASTRING_CYCLE_TIME", "fast")])
+def test_bad_values_name_the_variable(key, value):
+    with pytest.raises(ValueError, match=key):
+        _config.from_environment({key: value})

@@ -1,0 +1,76 @@
+"""The async engine: negotiation, mismatch errors, duplicate names, poll, fusion, timeline,
+stall inspector (short times set through the environment)."""
+import re
+
+import numpy as np
+import pytest
+
+import fastring
+
+
+@pytest.mark.parametrize("n", [1, 2, 3])
+def test_engine_semantics(mpirun, n, tmp_path):
+    mpirun(n, "engine", tmp_path / "timeline.json")
+
+
+STALL_ENV = {"FASTRING_STALL_CHECK_TIME": "1", "FASTRING_STALL_SHUTDOWN_TIME": "3"}
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_stall_shutdown_when_a_rank_never_submits(mpirun, n):
+    proc = mpirun(n, "stall", "silent", env=STALL_ENV, timeout=120)
+    assert "stalled after" in proc.stdout
+    waited = float(re.search(r"stalled after ([\d.]+)s", proc.stdout).group(1))
+    assert 2.5 <= waited < 30, waited
+    assert "stall" in proc.stderr and "rank 1" in proc.stderr
+
+
+def test_stall_warning_then_completion(mpirun):
+    proc = mpirun(2, "stall", "late", env={"FASTRING_STALL_CHECK_TIME": "1"}, timeout=120)
+    assert "OK stall late" in proc.stdout
+    assert re.search(r"stall: .*rank 1", proc.stderr), proc.stderr
+
+
+def test_stall_report_names_missing_tensors(mpirun):
+    proc = mpirun(2, "stall", "crossed", env=STALL_ENV, timeout=120)
+    assert re.search(r"allreduce 'x' has waited .* ranks \[1\] have not submitted it", proc.stderr), proc.stderr
+    assert re.search(r"allreduce 'y' has waited .* ranks \[0\] have not submitted it", proc.stderr), proc.stderr
+    assert proc.stdout.count("error: stall") == 2, proc.stdout
+
+
+def test_handles_on_one_rank():
+    fastring.init()
+    h = fastring.allreduce_async(np.arange(3.0), op=fastring.Sum, name="solo")
+    assert fastring.synchronize(h).tolist() == [0.0, 1.0, 2.0]
+    assert fastring.poll(h) and h.done()
+    assert h.wait().tolist() == [0.0, 1.0, 2.0]  # waiting again returns the same result
+    with pytest.raises(TypeError, match="Handle"):
+        fastring.synchronize("solo")
+    with pytest.raises(TypeError, match="Handle"):
+        fastring.poll(None)
+
+
+def test_grouped_errors():
+    fastring.init()
+    with pytest.raises(ValueError, match="empty"):
+        fastring.grouped_allreduce([])
+    with pytest.raises(TypeError, match="list"):
+        fastring.grouped_allreduce(np.ones(3))
+    with pytest.raises(TypeError, match="dtype"):
+        fastring.grouped_allreduce([np.ones(2), np.ones(2, np.float32)])
+
+
+def test_duplicate_name_in_flight_single_rank():
+    fastring.init()
+    engine = fastring._runtime.runtime().engine
+    with engine._cycle_lock:  # hold cycles off so that the first request stays in flight
+        h = fastring.allreduce_async(np.ones(2), name="twice")
+        with pytest.raises(ValueError, match="twice"):
+            fastring.allreduce_async(np.ones(2), name="twice")
+    assert h.wait().tolist() == [1.0, 1.0]
+
+
+def test_timeline_api_validates_path():
+    fastring.init()
+    with pytest.raises(ValueError, match="path"):
+        fastring.start_timeline("")

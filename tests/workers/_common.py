@@ -1,0 +1,113 @@
+"""Helpers shared by the multi-rank workers: deterministic inputs, NumPy references, tolerances,
+and the cross-rank identity check (done through mpi4py, independently of fastring)."""
+from __future__ import annotations
+
+import hashlib
+import os
+import sys
+
+import ml_dtypes
+import numpy as np
+from mpi4py import MPI
+
+import fastring
+
+COMM = MPI.COMM_WORLD
+RANK, SIZE = COMM.Get_rank(), COMM.Get_size()
+BF16 = np.dtype(ml_dtypes.bfloat16)
+DTYPES = [np.dtype(d) for d in (np.uint8, np.int8, np.int32, np.int64, np.float16, BF16,
+                                 np.float32, np.float64, np.bool_)]
+# Unit roundoff of each float format: one rounding of a value v errs by at most eps*|v|.
+EPS = {np.dtype(np.float16): 2.0 ** -11, BF16: 2.0 ** -8, np.dtype(np.float32): 2.0 ** -24,
+       np.dtype(np.float64): 2.0 ** -53}
+
+
+def reinit(algorithm: str = "auto") -> None:
+    """Restart fastring under another FASTRING_ALGORITHM (init reads the environment)."""
+    os.environ["FASTRING_ALGORITHM"] = algorithm
+    fastring.shutdown()
+    fastring.init()
+
+
+def rank_input(dtype: np.dtype, shape, rank: int, seed: int) -> np.ndarray:
+    """The array that `rank` contributes; every rank can rebuild every other rank's input."""
+    rng = np.random.default_rng([seed, rank])
+    if dtype == np.bool_:
+        return rng.integers(0, 2, shape).astype(np.bool_)
+    if dtype.kind in "iu":
+        lo = 0 if dtype.kind == "u" else -5
+        return rng.integers(lo, 6, shape).astype(dtype)
+    # Floats in [-2, 2] on a grid of 1/64, exact in every format here, so the only error is
+    # the reduction's own rounding.
+    return (rng.integers(-128, 129, shape) / 64.0).astype(dtype)
+
+
+def reference(inputs: list[np.ndarray], op, size: int) -> tuple[np.ndarray, np.ndarray]:
+    """(expected value, per-element error bound) of reducing `inputs`, NumPy only."""
+    dt = inputs[0].dtype
+    if dt.kind in "iub":
+        stack = np.stack(inputs)  # integer arithmetic wraps exactly as the kernels do
+        if op in (fastring.Sum, fastring.Average):
+            if dt == np.bool_:
+                return np.logical_or.reduce(stack), 0
+            total = np.add.reduce(stack, dtype=dt)
+            if op == fastring.Average:
+                wide = total.astype(np.int64)
+                total = (np.sign(wide) * (np.abs(wide) // size)).astype(dt)
+            return total, 0
+        if op == fastring.Product:
+            return (np.logical_and.reduce(stack) if dt == np.bool_ else np.multiply.reduce(stack, dtype=dt)), 0
+        if op == fastring.Min:
+            return np.minimum.reduce(stack), 0
+        return np.maximum.reduce(stack), 0
+    stack = np.stack([x.astype(np.float64) for x in inputs])
+    eps = EPS[dt]
+    if op == fastring.Min:
+        return np.minimum.reduce(stack), 0
+    if op == fastring.Max:
+        return np.maximum.reduce(stack), 0
+    if op == fastring.Product:
+        exact = np.multiply.reduce(stack)
+        # each of the size-1 products rounds once
+        return exact, size * eps * np.abs(exact)
+    exact = np.add.reduce(stack)
+    # Each partial sum rounds once (at most size-1 of them), each bounded by sum |x|; Average
+    # adds the division's rounding (or, for 16-bit floats, one rounding per divided input).
+    bound = size * eps * np.add.reduce(np.abs(stack))
+    if op == fastring.Average:
+        return exact / size, bound / size + eps * np.abs(exact / size)
+    return exact, bound
+
+
+def check_close(name: str, got: np.ndarray, expected, bound) -> None:
+    if got.dtype.kind in "iub" or np.isscalar(bound) and bound == 0:
+        if not np.array_equal(np.asarray(got), np.asarray(expected).astype(got.dtype)):
+            bad = np.flatnonzero(np.asarray(got).reshape(-1) != np.asarray(expected).astype(got.dtype).reshape(-1))
+            fail(f"{name}: {bad.size} wrong elements, first at {bad[:5]}: got "
+                 f"{np.asarray(got).reshape(-1)[bad[:5]]}, expected {np.asarray(expected).reshape(-1)[bad[:5]]}")
+        return
+    err = np.abs(got.astype(np.float64) - expected)
+    if not np.all(err <= bound):
+        i = int(np.argmax(err - bound))
+        fail(f"{name}: error {err.reshape(-1)[i]} > bound {np.broadcast_to(bound, err.shape).reshape(-1)[i]} "
+             f"at {i}: got {got.reshape(-1)[i]}, expected {expected.reshape(-1)[i]}")
+
+
+def check_identical(name: str, got: np.ndarray) -> None:
+    """Every rank holds the same bytes."""
+    digest = hashlib.sha256(np.ascontiguousarray(got).tobytes()).hexdigest()
+    digests = COMM.allgather(digest)
+    if len(set(digests)) != 1:
+        fail(f"{name}: results differ across ranks: {digests}")
+
+
+def fail(message: str) -> None:
+    print(f"[rank {RANK}/{SIZE}] FAIL {message}", flush=True)
+    sys.stdout.flush()
+    COMM.Abort(1)
+
+
+def done(what: str) -> None:
+    COMM.Barrier()
+    if RANK == 0:
+        print(f"OK {what} on {SIZE} ranks", flush=True)
