@@ -11,6 +11,7 @@ Example:
 from mpi4py import MPI  # noqa: F401  (import for its side effect)
 
 from ._errors import FastringError
+from .compression import Compression, Compressor
 from ._ops import ReduceOp
 from ._runtime import (cross_rank, cross_size, init, is_initialized, local_rank, local_size,
                        rank, shutdown, size)
@@ -22,7 +23,7 @@ from .engine import Handle
 __version__ = "0.1.0"
 
 __all__ = [
-    "FastringError", "ReduceOp", "Average", "Sum", "Min", "Max", "Product",
+    "FastringError", "ReduceOp", "Compression", "Compressor", "Average", "Sum", "Min", "Max", "Product",
     "init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size",
     "cross_rank", "cross_size", "allreduce", "allreduce_async", "grouped_allreduce",
     "grouped_allreduce_async", "synchronize", "poll", "Handle", "start_timeline", "stop_timeline",

@@ -25,6 +25,8 @@ from ._errors import FastringError
 
 # A chunk reduction: dst[i] = dst[i] op src[i] for i < count (elements, not bytes).
 ctypedef void (*reduce_fn_t)(void* dst, void* src, int64_t count) noexcept nogil
+# The fused step of a ring on a 16-bit wire: acc = acc op decode(recv); send = encode(acc).
+ctypedef void (*accumulate_fn_t)(void* acc, void* recv, void* send, int64_t count) noexcept nogil
 
 
 cdef int _raise_mpi_error(int code) except -1 with gil:
@@ -256,6 +258,26 @@ cdef class Transport:
         return header[0], header[1], leftover, any_ready
 
 
+    def ring_reduce_scatter_wire(self, uintptr_t acc, uintptr_t wire, const int64_t[::1] offsets,
+                                 uintptr_t tmp, int64_t segment_elems, uintptr_t encode_fn,
+                                 uintptr_t accumulate_fn, uintptr_t accumulate_last_fn,
+                                 int64_t acc_itemsize, int tag=5):
+        """Reduce-scatter whose messages travel as 16-bit values while every rank accumulates
+        in `acc` (float32 or float64). Chunk c is acc[offsets[c]:offsets[c+1]] (elements);
+        `wire` holds as many uint16 elements as `acc`, `tmp` `segment_elems` of them. After
+        return this rank's chunk `rank` of `acc` holds the full reduction.
+        """
+        if offsets.shape[0] != self.size + 1:
+            raise ValueError(f"offsets needs {self.size + 1} entries, got {offsets.shape[0]}")
+        if segment_elems < 1:
+            raise ValueError(f"segment_elems must be positive, got {segment_elems}")
+        with nogil:
+            _ring_reduce_scatter_wire(self.comm, self.rank, self.size, <char*> acc, <char*> wire,
+                                      &offsets[0], <char*> tmp, segment_elems,
+                                      <reduce_fn_t> encode_fn, <accumulate_fn_t> accumulate_fn,
+                                      <reduce_fn_t> accumulate_last_fn, acc_itemsize, tag)
+
+
 cdef int _sendrecv(MPI_Comm comm, char* send, MPI_Count send_nbytes, int dest,
                    char* recv, MPI_Count recv_nbytes, int source, int tag) except -1 nogil:
     return _check(mpi.MPI_Sendrecv_c(send, send_nbytes, mpi.MPI_BYTE, dest, tag,
@@ -293,6 +315,46 @@ cdef int _ring_reduce_scatter(MPI_Comm comm, int rank, int size, char* buf,
                       tmp, max(r_hi - r_lo, 0), left, tag)
             if r_hi > r_lo:
                 reduce(buf + r_lo, tmp, (r_hi - r_lo) // itemsize)
+    return 0
+
+
+cdef int _ring_reduce_scatter_wire(MPI_Comm comm, int rank, int size, char* acc, char* wire,
+                                   const int64_t* offsets, char* tmp, int64_t segment,
+                                   reduce_fn_t encode, accumulate_fn_t accumulate,
+                                   reduce_fn_t accumulate_last, int64_t accsize,
+                                   int tag) except -1 nogil:
+    cdef int right = (rank + 1) % size
+    cdef int left = (rank + size - 1) % size
+    cdef int64_t largest = 0, step, seg, segments, send_c, recv_c, first
+    cdef int64_t s_lo, s_hi, r_lo, r_hi
+    cdef int c
+    cdef bint last
+    if size < 2:
+        return 0
+    for c in range(size):
+        if offsets[c + 1] - offsets[c] > largest:
+            largest = offsets[c + 1] - offsets[c]
+    segments = (largest + segment - 1) // segment
+    # Only the first chunk sent is this rank's own data alone; every later one is encoded by
+    # the fused step that produced it.
+    first = _mod(rank - 1, size)
+    encode(wire + 2 * offsets[first], acc + accsize * offsets[first], offsets[first + 1] - offsets[first])
+    for step in range(size - 1):
+        send_c = _mod(rank - step - 1, size)
+        recv_c = _mod(rank - step - 2, size)
+        last = step == size - 2
+        for seg in range(segments):
+            s_lo = offsets[send_c] + seg * segment
+            s_hi = min(s_lo + segment, offsets[send_c + 1])
+            r_lo = offsets[recv_c] + seg * segment
+            r_hi = min(r_lo + segment, offsets[recv_c + 1])
+            _sendrecv(comm, wire + 2 * s_lo, 2 * max(s_hi - s_lo, 0), right,
+                      tmp, 2 * max(r_hi - r_lo, 0), left, tag)
+            if r_hi > r_lo:
+                if last:
+                    accumulate_last(acc + accsize * r_lo, tmp, r_hi - r_lo)
+                else:
+                    accumulate(acc + accsize * r_lo, tmp, wire + 2 * r_lo, r_hi - r_lo)
     return 0
 
 
@@ -512,3 +574,197 @@ def copy_bytes(uintptr_t dst, uintptr_t src, size_t nbytes):
 def is_c_contiguous(cnp.ndarray array not None):
     """True when the array's elements are contiguous in C order."""
     return cnp.PyArray_IS_C_CONTIGUOUS(array)
+
+
+# ---------------------------------------------------------------- the other collectives
+# Module-level functions on a Transport (fastring/collectives.py drives them). Tags 5-8 keep
+# their messages apart from the allreduce loops' and the negotiation cycle's.
+
+cdef inline int _check_offsets(Transport t, const int64_t[::1] offsets, str what) except -1:
+    if offsets.shape[0] != t.size + 1:
+        raise ValueError(f"{what} needs {t.size + 1} entries, got {offsets.shape[0]}")
+    return 0
+
+
+def pairwise_alltoall(Transport t, uintptr_t send, const int64_t[::1] send_offsets,
+                      uintptr_t recv, const int64_t[::1] recv_offsets, int tag=5):
+    """Alltoall by pairwise exchange: block c of `send` (bytes send_offsets[c]..[c+1]) goes to
+    rank c, which stores it as block `rank` of its `recv`. In step k = 1..N-1 a rank sends to
+    rank+k and receives from rank-k, so every step pairs all ranks at once; its own block is
+    copied. Block sizes must agree between the partners (exchange them first).
+
+    Example:
+        >>> import numpy as np
+        >>> from mpi4py import MPI
+        >>> t = Transport(MPI.COMM_WORLD)
+        >>> a, b = np.arange(4, dtype=np.uint8), np.zeros(4, np.uint8)
+        >>> pairwise_alltoall(t, a.ctypes.data, np.array([0, 4]), b.ctypes.data, np.array([0, 4]))
+        >>> b.tolist()
+        [0, 1, 2, 3]
+    """
+    _check_offsets(t, send_offsets, "send_offsets")
+    _check_offsets(t, recv_offsets, "recv_offsets")
+    if send_offsets[t.rank + 1] - send_offsets[t.rank] != recv_offsets[t.rank + 1] - recv_offsets[t.rank]:
+        raise ValueError("the block a rank sends itself must be as long as the one it receives")
+    with nogil:
+        _pairwise_alltoall(t.comm, t.rank, t.size, <char*> send, &send_offsets[0],
+                           <char*> recv, &recv_offsets[0], tag)
+
+
+cdef int _pairwise_alltoall(MPI_Comm comm, int rank, int size, char* send, const int64_t* soff,
+                            char* recv, const int64_t* roff, int tag) except -1 nogil:
+    cdef int k, dest, source
+    memcpy(recv + roff[rank], send + soff[rank], soff[rank + 1] - soff[rank])
+    for k in range(1, size):
+        dest = (rank + k) % size
+        source = (rank + size - k) % size
+        _sendrecv(comm, send + soff[dest], soff[dest + 1] - soff[dest], dest,
+                  recv + roff[source], roff[source + 1] - roff[source], source, tag)
+    return 0
+
+
+def tree_broadcast(Transport t, uintptr_t buf, int64_t nbytes, int root, int tag=6):
+    """Binomial-tree broadcast of `nbytes` at `buf` from `root`: ceil(log2 N) rounds, each
+    message whole. The latency algorithm (and the only one needed on two ranks).
+
+    Example:
+        >>> import numpy as np
+        >>> from mpi4py import MPI
+        >>> t = Transport(MPI.COMM_WORLD); a = np.ones(3)
+        >>> tree_broadcast(t, a.ctypes.data, a.nbytes, 0)
+    """
+    if not 0 <= root < t.size:
+        raise ValueError(f"root {root} is outside [0, {t.size})")
+    with nogil:
+        _tree_broadcast(t.comm, t.rank, t.size, root, <char*> buf, nbytes, tag)
+
+
+cdef int _tree_broadcast(MPI_Comm comm, int rank, int size, int root, char* buf,
+                         int64_t nbytes, int tag) except -1 nogil:
+    # Ranks relative to the root: relative rank v receives from v - (its lowest set bit),
+    # then sends to v + m for every smaller power of two m.
+    cdef int v = (rank - root + size) % size
+    cdef int mask = 1
+    while mask < size:
+        if v & mask:
+            _check(mpi.MPI_Recv_c(buf, nbytes, mpi.MPI_BYTE, (rank - mask + size) % size, tag, comm,
+                                  mpi.MPI_STATUS_IGNORE))
+            break
+        mask <<= 1
+    mask >>= 1
+    while mask > 0:
+        if v + mask < size:
+            _check(mpi.MPI_Send_c(buf, nbytes, mpi.MPI_BYTE, (rank + mask) % size, tag, comm))
+        mask >>= 1
+    return 0
+
+
+def chain_broadcast(Transport t, uintptr_t buf, int64_t nbytes, int root, int64_t segment_bytes,
+                    int tag=7):
+    """Pipelined chain broadcast from `root`: root -> root+1 -> ... in segments, each rank
+    forwarding segment s while it receives segment s+1, so a large message costs about one
+    transfer of its bytes plus (N-2) segments, whatever N.
+
+    Example:
+        >>> import numpy as np
+        >>> from mpi4py import MPI
+        >>> t = Transport(MPI.COMM_WORLD); a = np.ones(3)
+        >>> chain_broadcast(t, a.ctypes.data, a.nbytes, 0, 8)
+    """
+    if not 0 <= root < t.size:
+        raise ValueError(f"root {root} is outside [0, {t.size})")
+    if segment_bytes <= 0:
+        raise ValueError(f"segment_bytes must be positive, got {segment_bytes}")
+    with nogil:
+        _chain_broadcast(t.comm, t.rank, t.size, root, <char*> buf, nbytes, segment_bytes, tag)
+
+
+cdef int _chain_broadcast(MPI_Comm comm, int rank, int size, int root, char* buf, int64_t nbytes,
+                          int64_t segment, int tag) except -1 nogil:
+    cdef int v = (rank - root + size) % size
+    cdef bint has_prev = v > 0
+    cdef bint has_next = v < size - 1
+    cdef int prev = (rank + size - 1) % size
+    cdef int nxt = (rank + 1) % size
+    cdef int64_t segments = (nbytes + segment - 1) // segment
+    cdef int64_t s, lo
+    cdef MPI_Request recv_req = mpi.MPI_REQUEST_NULL
+    cdef MPI_Request send_req = mpi.MPI_REQUEST_NULL
+    if has_prev and segments > 0:
+        _check(mpi.MPI_Irecv_c(buf, min(segment, nbytes), mpi.MPI_BYTE, prev, tag, comm, &recv_req))
+    for s in range(segments):
+        lo = s * segment
+        if has_prev:
+            _check(mpi.MPI_Wait(&recv_req, mpi.MPI_STATUS_IGNORE))
+            if s + 1 < segments:
+                _check(mpi.MPI_Irecv_c(buf + lo + segment, min(segment, nbytes - lo - segment),
+                                       mpi.MPI_BYTE, prev, tag, comm, &recv_req))
+        if has_next:
+            _check(mpi.MPI_Wait(&send_req, mpi.MPI_STATUS_IGNORE))
+            _check(mpi.MPI_Isend_c(buf + lo, min(segment, nbytes - lo), mpi.MPI_BYTE, nxt, tag,
+                                   comm, &send_req))
+    _check(mpi.MPI_Wait(&send_req, mpi.MPI_STATUS_IGNORE))
+    return 0
+
+
+def ring_reduce_scatter_into(Transport t, uintptr_t src, const int64_t[::1] offsets,
+                             uintptr_t out, uintptr_t work, int64_t segment_bytes,
+                             uintptr_t reduce_fn, int64_t itemsize, int tag=8):
+    """Ring reduce-scatter that leaves `src` untouched: the reduction over all ranks of chunk
+    `rank` (bytes offsets[rank]..[rank+1] of src) lands in `out`.
+
+    A partial sum is received straight into a buffer and this rank's input is reduced into it
+    (every op is commutative), so nothing is copied: `work` holds two chunks of the largest
+    size, used in turn, and the last step receives into `out` itself.
+
+    Example:
+        >>> import numpy as np
+        >>> from mpi4py import MPI
+        >>> t = Transport(MPI.COMM_WORLD); a = np.ones(3); o = np.zeros(3)
+        >>> ring_reduce_scatter_into(t, a.ctypes.data, np.array([0, 24]), o.ctypes.data, 0, 8, 0, 8)
+        >>> o.tolist()
+        [1.0, 1.0, 1.0]
+    """
+    _check_offsets(t, offsets, "offsets")
+    if segment_bytes < itemsize or segment_bytes % itemsize:
+        raise ValueError(f"segment_bytes {segment_bytes} must be a positive multiple of {itemsize}")
+    with nogil:
+        if t.size == 1:
+            memcpy(<void*> out, <void*> src, offsets[1] - offsets[0])
+        else:
+            _ring_reduce_scatter_into(t.comm, t.rank, t.size, <const char*> src, &offsets[0],
+                                      <char*> out, <char*> work, segment_bytes,
+                                      <reduce_fn_t> reduce_fn, itemsize, tag)
+
+
+cdef int _ring_reduce_scatter_into(MPI_Comm comm, int rank, int size, const char* src,
+                                   const int64_t* offsets, char* out, char* work,
+                                   int64_t segment_bytes, reduce_fn_t reduce, int64_t itemsize,
+                                   int tag) except -1 nogil:
+    cdef int right = (rank + 1) % size
+    cdef int left = (rank + size - 1) % size
+    cdef int64_t largest = 0, step, seg, segments, send_c, recv_c, s_len, r_len, s_hi, r_hi, lo
+    cdef const char* send_base
+    cdef char* recv_base
+    cdef int c
+    for c in range(size):
+        if offsets[c + 1] - offsets[c] > largest:
+            largest = offsets[c + 1] - offsets[c]
+    segments = (largest + segment_bytes - 1) // segment_bytes
+    for step in range(size - 1):
+        send_c = _mod(rank - step - 1, size)
+        recv_c = _mod(rank - step - 2, size)   # at the last step, this rank's own chunk
+        # Step 0 sends an untouched input chunk; later steps forward what the previous received.
+        send_base = src + offsets[send_c] if step == 0 else work + ((step - 1) % 2) * largest
+        recv_base = out if step == size - 2 else work + (step % 2) * largest
+        s_len = offsets[send_c + 1] - offsets[send_c]
+        r_len = offsets[recv_c + 1] - offsets[recv_c]
+        for seg in range(segments):
+            lo = seg * segment_bytes
+            s_hi = min(lo + segment_bytes, s_len)
+            r_hi = min(lo + segment_bytes, r_len)
+            _sendrecv(comm, <char*> send_base + lo, max(s_hi - lo, 0), right,
+                      recv_base + lo, max(r_hi - lo, 0), left, tag)
+            if r_hi > lo:
+                reduce(recv_base + lo, <void*> (src + offsets[recv_c] + lo), (r_hi - lo) // itemsize)
+    return 0

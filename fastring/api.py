@@ -12,6 +12,7 @@ from ._ops import ReduceOp, as_reduce_op
 from ._runtime import runtime
 from ._tensor import as_array, like
 from ._transport import is_writable_c_contiguous
+from .compression import Compression, Compressor, as_compressor
 from .engine import AllreduceWork, Entry, Handle, Request
 
 Average, Sum, Min, Max, Product = (ReduceOp.Average, ReduceOp.Sum, ReduceOp.Min,
@@ -55,9 +56,10 @@ def _check_op_for_dtype(op: ReduceOp, spec: DtypeSpec) -> None:
         raise TypeError("Average is not defined for bool tensors; use Sum (logical or) or Min/Max")
 
 
-def _allreduce_request(kind: str, tensors: Sequence, outs: Sequence, op, name, prescale_factor,
-                       postscale_factor, grouped: bool) -> tuple:
+def _allreduce_request(kind: str, tensors: Sequence, outs: Sequence, op, name, compression,
+                       prescale_factor, postscale_factor, grouped: bool) -> tuple:
     rt = runtime()
+    compressor = as_compressor(compression)
     op = as_reduce_op(op)
     prescale = _factor(prescale_factor, "prescale_factor")
     postscale = _factor(postscale_factor, "postscale_factor")
@@ -76,18 +78,24 @@ def _allreduce_request(kind: str, tensors: Sequence, outs: Sequence, op, name, p
         shapes = arrays[0].shape
         nbytes = arrays[0].nbytes
     _check_op_for_dtype(op, spec)
+    if not spec.is_float:
+        compressor = Compression.none  # integers and bools travel as they are
+    if compressor.error_feedback and name is None:
+        raise ValueError(f"{compressor!r} keeps a residual per tensor name; give the tensor a name")
     entries = [_entry(t, a, o) for t, a, o in zip(tensors, arrays, outs)]
     engine = rt.engine
     name = name or engine.auto_name(kind)
     fields = (("collective", kind), ("dtype", spec.name), ("shape", shapes), ("op", op.name),
-              ("prescale_factor", prescale), ("postscale_factor", postscale), ("device", "cpu"))
-    work = AllreduceWork(spec, op, prescale, postscale, entries, grouped)
+              ("prescale_factor", prescale), ("postscale_factor", postscale), ("device", "cpu"),
+              ("compression", compressor.name))
+    work = AllreduceWork(spec, op, prescale, postscale, entries, grouped, compressor)
     request = Request(kind, name, fields, nbytes, Handle(engine, name), allreduce=work)
     return engine, request
 
 
 def allreduce_async(tensor, op: ReduceOp = ReduceOp.Average, *, name: str | None = None,
-                    prescale_factor: float = 1.0, postscale_factor: float = 1.0, out=None) -> Handle:
+                    compression: Compressor = Compression.none, prescale_factor: float = 1.0,
+                    postscale_factor: float = 1.0, out=None) -> Handle:
     """Start an allreduce and return its Handle; `handle.wait()` gives what `allreduce` would.
 
     The tensor (and `out`) must not be modified until the handle completes.
@@ -99,13 +107,14 @@ def allreduce_async(tensor, op: ReduceOp = ReduceOp.Average, *, name: str | None
         >>> fastring.synchronize(h)
         array([1., 1., 1.])
     """
-    engine, request = _allreduce_request("allreduce", [tensor], [out], op, name, prescale_factor,
-                                         postscale_factor, grouped=False)
+    engine, request = _allreduce_request("allreduce", [tensor], [out], op, name, compression,
+                                         prescale_factor, postscale_factor, grouped=False)
     return engine.submit(request)
 
 
 def allreduce(tensor, op: ReduceOp = ReduceOp.Average, *, name: str | None = None,
-              prescale_factor: float = 1.0, postscale_factor: float = 1.0, out=None):
+              compression: Compressor = Compression.none, prescale_factor: float = 1.0,
+              postscale_factor: float = 1.0, out=None):
     """Reduce `tensor` over all ranks; every rank receives the bitwise-identical result.
 
     The result has the caller's framework type, dtype and shape. `out=` writes into the given
@@ -121,14 +130,14 @@ def allreduce(tensor, op: ReduceOp = ReduceOp.Average, *, name: str | None = Non
         >>> fastring.allreduce(np.ones(4), op=fastring.Sum)   # on 1 rank
         array([1., 1., 1., 1.])
     """
-    engine, request = _allreduce_request("allreduce", [tensor], [out], op, name, prescale_factor,
-                                         postscale_factor, grouped=False)
+    engine, request = _allreduce_request("allreduce", [tensor], [out], op, name, compression,
+                                         prescale_factor, postscale_factor, grouped=False)
     return engine.run(request)
 
 
 def grouped_allreduce_async(tensors: Sequence, op: ReduceOp = ReduceOp.Average, *,
-                            name: str | None = None, prescale_factor: float = 1.0,
-                            postscale_factor: float = 1.0) -> Handle:
+                            name: str | None = None, compression: Compressor = Compression.none,
+                            prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> Handle:
     """Start one fused allreduce of a list of tensors (one dtype); the handle returns a list.
 
     Example:
@@ -139,12 +148,13 @@ def grouped_allreduce_async(tensors: Sequence, op: ReduceOp = ReduceOp.Average, 
     """
     tensors = _tensor_list(tensors)
     engine, request = _allreduce_request("grouped_allreduce", tensors, [None] * len(tensors), op, name,
-                                         prescale_factor, postscale_factor, grouped=True)
+                                         compression, prescale_factor, postscale_factor, grouped=True)
     return engine.submit(request)
 
 
 def grouped_allreduce(tensors: Sequence, op: ReduceOp = ReduceOp.Average, *, name: str | None = None,
-                      prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> list:
+                      compression: Compressor = Compression.none, prescale_factor: float = 1.0,
+                      postscale_factor: float = 1.0) -> list:
     """Allreduce a list of tensors (one dtype) as one fused operation; returns a list.
 
     Example:
@@ -155,7 +165,7 @@ def grouped_allreduce(tensors: Sequence, op: ReduceOp = ReduceOp.Average, *, nam
     """
     tensors = _tensor_list(tensors)
     engine, request = _allreduce_request("grouped_allreduce", tensors, [None] * len(tensors), op, name,
-                                         prescale_factor, postscale_factor, grouped=True)
+                                         compression, prescale_factor, postscale_factor, grouped=True)
     return engine.run(request)
 
 

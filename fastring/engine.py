@@ -32,6 +32,7 @@ from . import algorithms, kernels
 from ._config import SMALL_MESSAGE_BYTES
 from ._dtypes import DtypeSpec
 from ._errors import FastringError
+from .compression import Compression, Compressor
 from ._ops import KERNEL_OP, ReduceOp
 from ._transport import SPECULATION_FAILED, array_address, copy_bytes, is_c_contiguous
 from .timeline import Timeline
@@ -99,9 +100,17 @@ class AllreduceWork:
     postscale: float
     entries: list[Entry]
     grouped: bool  # the handle returns a list
+    compression: Compressor = Compression.none
 
     def key(self) -> tuple:
-        return (self.spec.name, int(self.op), self.prescale, self.postscale)
+        return (self.spec.name, int(self.op), self.prescale, self.postscale, self.compression.name)
+
+    @property
+    def accumulator(self) -> np.dtype:
+        """The dtype reduced in: the tensor's own, or float32/float64 under compression."""
+        if self.compression.wire is None:
+            return self.spec.dtype
+        return np.dtype(np.float64) if self.spec.dtype == np.float64 else np.dtype(np.float32)
 
 
 @dataclass(eq=False, slots=True)
@@ -160,6 +169,7 @@ class Engine:
         self._thread: threading.Thread | None = None
         self._running = True
         self._fusion = np.empty(0, np.uint8)
+        self._residuals: dict[str, np.ndarray] = {}  # error feedback, by tensor name
         self._block = np.empty(0, np.uint64)
         self._block_tmp = np.empty(0, np.uint64)
         self._block_address = self._block_tmp_address = 0
@@ -546,46 +556,68 @@ class Engine:
         work = batch[0].allreduce
         rt = self.rt
         names = [r.name for r in batch]
-        if len(batch) == 1 and len(work.entries) == 1:
+        if len(batch) == 1 and len(work.entries) == 1 and work.entries[0].work.dtype == work.accumulator:
             e = work.entries[0]
             flat = e.work.reshape(-1)
             with self.timeline.span(names, "pack"):
                 if e.src is not e.work:
                     np.copyto(e.work, e.src)
                 _prescale(work, flat, rt.size)
+                self._feed_back_error(batch[0], flat)
             self._reduce(names, flat, work)
             if e.target is not e.work:
                 np.copyto(e.target, e.work)
             self._complete(batch[0], e.result)
             return
-        total = sum(r.nbytes for r in batch)
+        acc = work.accumulator
+        counts = [r.nbytes // work.spec.dtype.itemsize for r in batch]
+        total = sum(counts) * acc.itemsize
         if self._fusion.nbytes < total:
             self._fusion = np.empty(total, np.uint8)
-        flat = self._fusion[:total].view(work.spec.dtype)
+        flat = self._fusion[:total].view(acc)
         with self.timeline.span(names, "pack"):
             offset = 0
-            for r in batch:
-                n = r.nbytes // work.spec.dtype.itemsize
+            for r, n in zip(batch, counts):
                 _pack(r.allreduce, flat[offset:offset + n], rt.size)
+                self._feed_back_error(r, flat[offset:offset + n])
                 offset += n
         self._reduce(names, flat, work)
         offset = 0
-        for r in batch:
-            n = r.nbytes // work.spec.dtype.itemsize
+        for r, n in zip(batch, counts):
             self._unpack_and_finish(r, flat[offset:offset + n])
             offset += n
 
     def _reduce(self, names, flat: np.ndarray, work: AllreduceWork) -> None:
+        finalize = _finalizer(work, self.rt.size) or _nothing
+        phase = lambda name: self.timeline.span(names, name)  # noqa: E731
+        if work.compression.wire is not None:
+            algorithms.CompressedRing.run(self.rt, flat, work.compression.wire, work.op, finalize, phase)
+            return
         algorithm = algorithms.choose(self.config.algorithm, flat.nbytes, work.spec)
-        algorithm.run(self.rt, flat, work.spec, work.op, _finalizer(work, self.rt.size) or _nothing,
-                      lambda phase: self.timeline.span(names, phase))
+        algorithm.run(self.rt, flat, work.spec, work.op, finalize, phase)
+
+    def _feed_back_error(self, req: Request, flat: np.ndarray) -> None:
+        """Error feedback: add what this name lost to 16-bit rounding last time, and keep
+        what it loses now, so that rounding errors do not pile up over steps."""
+        compression = req.allreduce.compression
+        if not compression.error_feedback:
+            return
+        residual = self._residuals.get(req.name)
+        if residual is not None and residual.shape == flat.shape and residual.dtype == flat.dtype:
+            flat += residual
+        bits = np.empty(flat.size, np.uint16)
+        kernels.encode16(flat, bits, compression.wire)
+        sent = np.empty_like(flat)
+        kernels.decode16(bits, sent, compression.wire)
+        self._residuals[req.name] = flat - sent
+        flat[...] = sent
 
     def _unpack_and_finish(self, req: Request, flat: np.ndarray) -> None:
         with self.timeline.span(req.name, "unpack"):
             offset = 0
             for e in req.allreduce.entries:
                 n = e.work.size
-                np.copyto(e.target, flat[offset:offset + n].reshape(e.target.shape))
+                np.copyto(e.target, flat[offset:offset + n].reshape(e.target.shape), casting="unsafe")
                 offset += n
         entries = req.allreduce.entries
         self._complete(req, [e.result for e in entries] if req.allreduce.grouped else entries[0].result)
@@ -608,7 +640,8 @@ class _StallReporter:
 
 
 def _carries_payload(req: Request) -> bool:
-    return req.allreduce is not None and req.nbytes <= SMALL_MESSAGE_BYTES
+    return (req.allreduce is not None and req.nbytes <= SMALL_MESSAGE_BYTES
+            and req.allreduce.compression.wire is None)
 
 
 def _nothing(view: np.ndarray) -> None:
@@ -624,9 +657,10 @@ def _bits(words: np.ndarray):
 
 
 def _predivides(work: AllreduceWork, size: int) -> bool:
-    # Summing float16/bfloat16 values near the format's maximum would overflow before the
-    # division, so Average divides first for those formats.
-    return work.op == ReduceOp.Average and size > 1 and work.spec.is_16bit_float
+    # Summing values near a 16-bit format's maximum would overflow before the division (in
+    # the tensor itself, or on a compressed wire), so Average divides first there.
+    return (work.op == ReduceOp.Average and size > 1
+            and (work.spec.is_16bit_float or work.compression.wire is not None))
 
 
 def _prescale(work: AllreduceWork, flat: np.ndarray, size: int) -> None:
@@ -640,7 +674,7 @@ def _pack(work: AllreduceWork, flat: np.ndarray, size: int) -> None:
     offset = 0
     for e in work.entries:
         n = e.src.size
-        np.copyto(flat[offset:offset + n].reshape(e.src.shape), e.src)
+        np.copyto(flat[offset:offset + n].reshape(e.src.shape), e.src, casting="unsafe")
         offset += n
     _prescale(work, flat, size)
 
