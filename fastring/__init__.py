@@ -16,7 +16,11 @@ from ._ops import ReduceOp
 from ._runtime import (cross_rank, cross_size, init, is_initialized, local_rank, local_size,
                        rank, shutdown, size)
 from .api import (Average, Max, Min, Product, Sum, allreduce, allreduce_async, grouped_allreduce,
-                  grouped_allreduce_async, poll, start_timeline, stop_timeline, synchronize)
+                  grouped_allreduce_async, join, poll, start_timeline, stop_timeline,
+                  synchronize)
+from .collectives import (allgather, allgather_async, allgather_object, alltoall, alltoall_async,
+                          barrier, broadcast, broadcast_async, broadcast_object, reducescatter,
+                          reducescatter_async)
 from .engine import Handle
 
 
@@ -26,5 +30,7 @@ __all__ = [
     "FastringError", "ReduceOp", "Compression", "Compressor", "Average", "Sum", "Min", "Max", "Product",
     "init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size",
     "cross_rank", "cross_size", "allreduce", "allreduce_async", "grouped_allreduce",
-    "grouped_allreduce_async", "synchronize", "poll", "Handle", "start_timeline", "stop_timeline",
+    "grouped_allreduce_async", "synchronize", "poll", "join", "Handle", "start_timeline", "stop_timeline",
+    "allgather", "allgather_async", "broadcast", "broadcast_async", "alltoall", "alltoall_async",
+    "reducescatter", "reducescatter_async", "barrier", "broadcast_object", "allgather_object",
 ]

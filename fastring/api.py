@@ -205,6 +205,19 @@ def poll(handle: Handle) -> bool:
     return handle.done()
 
 
+def join() -> int:
+    """Declare that this rank has no more data: until every rank has called join, it takes
+    part in the other ranks' allreduces with zeros (Average still divides by the full size).
+    Returns the rank that joined last.
+
+    Example:
+        >>> import fastring
+        >>> fastring.init(); fastring.join()   # on 1 rank
+        0
+    """
+    return runtime().engine.join()
+
+
 def start_timeline(path: str) -> None:
     """Start recording a Chrome-trace timeline of every collective's phases into `path`
     (written by rank 0 at `stop_timeline` or shutdown). Call it on every rank.

@@ -30,7 +30,7 @@ import numpy as np
 
 from . import algorithms, kernels
 from ._config import SMALL_MESSAGE_BYTES
-from ._dtypes import DtypeSpec
+from ._dtypes import SUPPORTED, DtypeSpec
 from ._errors import FastringError
 from .compression import Compression, Compressor
 from ._ops import KERNEL_OP, ReduceOp
@@ -157,6 +157,8 @@ class Engine:
         self._done_cv = threading.Condition()  # threads waiting on a handle another runs
         self._waiters = 0
         self._completed = 0  # requests finished so far: tells a waiting thread about progress
+        self._join_handle: Handle | None = None  # set while this rank has joined
+        self._join_order: list[int] = []
         self._pending: dict[str, Request] = {}
         self._noname: dict[str, int] = {}
         self._cache: dict[str, tuple[int, tuple]] = {}   # name -> (bit, fields)
@@ -231,7 +233,7 @@ class Engine:
         disagree does the request join the queue like any other.
         """
         if (not self._pending and not self._keep_cycling and self._speculate and self._broken is None
-                and not self.timeline.recording and self._cycle_lock.acquire(blocking=False)):
+                and self._join_handle is None and not self.timeline.recording and self._cycle_lock.acquire(blocking=False)):
             try:
                 if not self._pending and not self._keep_cycling:
                     req.signature_hash = self._signature_hash(req.name, req.fields)
@@ -349,7 +351,7 @@ class Engine:
         the cached requests. Returns bit -> request for the cached ones."""
         header = self._header
         cached: dict[int, Request] = {}
-        flags = 0
+        flags = HAS_UNCACHED if self._join_handle is not None else 0
         if words:
             self._block[HEADER_WORDS:HEADER_WORDS + 2 * words] = 0
         if len(pending) > 1 or spec_req is None:
@@ -368,7 +370,7 @@ class Engine:
                 else:
                     flags |= HAS_UNCACHED
         elif time.monotonic() >= spec_req.next_report:
-            flags = WANT_REPORT
+            flags |= WANT_REPORT
         header[0] = flags
         if spec_req is None:
             header[1] = header[2] = 0
@@ -396,7 +398,7 @@ class Engine:
         self._speculate = spec_hash != SPECULATION_FAILED
         agreed = []
         if speculated:
-            self._remember(spec_req)
+            self._remember(spec_req.name, spec_req.fields)
             if _carries_payload(spec_req):
                 self._finish_speculation(spec_req, words)
             else:
@@ -460,38 +462,88 @@ class Engine:
             finalize(flat)
         self._unpack_and_finish(req, flat)
 
-    def _remember(self, req: Request) -> None:
+    def _remember(self, name: str, fields: tuple) -> None:
         """Cache an agreed (name, fields); called in the same order on every rank."""
-        entry = self._cache.get(req.name)
+        entry = self._cache.get(name)
         if entry is not None:
-            self._cache[req.name] = (entry[0], req.fields)
-        elif len(self._cache_names) < CACHE_CAPACITY and ".noname." not in req.name:
-            self._cache[req.name] = (len(self._cache_names), req.fields)
-            self._cache_names.append(req.name)
+            self._cache[name] = (entry[0], fields)
+        elif len(self._cache_names) < CACHE_CAPACITY and ".noname." not in name:
+            self._cache[name] = (len(self._cache_names), fields)
+            self._cache_names.append(name)
+
+    # ----------------------------------------------------------------- join
+    def join(self) -> int:
+        """Take part in the other ranks' allreduces with zeros until every rank has joined;
+        return the rank that joined last."""
+        if self._join_handle is not None:
+            raise ValueError("join() is already in progress on this rank")
+        handle = self._join_handle = Handle(self, "join")
+        self.drive(handle)
+        return handle.wait()
+
+    def _note_joins(self, joined: set[int]) -> None:
+        # Every rank sees the same gathered flags, so the order of joins is the same too.
+        self._join_order += sorted(joined - set(self._join_order))
+
+    def _finish_join(self) -> None:
+        handle, last = self._join_handle, self._join_order[-1]
+        self._join_handle, self._join_order = None, []
+        if handle is not None:
+            self._completed += 1
+            handle._finish(last)
+
+    def _zeros_request(self, name: str, fields: tuple) -> Request:
+        """What a joined rank contributes to a collective it never submitted."""
+        f = dict(fields)
+        if f["collective"] not in ("allreduce", "grouped_allreduce"):
+            raise ValueError(f"{f['collective']} '{name}' cannot run while a rank has joined: "
+                             "only allreduce takes zeros from joined ranks")
+        spec = next(s for s in SUPPORTED.values() if s.name == f["dtype"])
+        grouped = f["collective"] == "grouped_allreduce"
+        shapes = f["shape"] if grouped else (f["shape"],)
+        entries = []
+        for shape in shapes:
+            work = np.empty(shape, spec.dtype)
+            entries.append(Entry(np.zeros(shape, spec.dtype), work, work, work))
+        work = AllreduceWork(spec, ReduceOp[f["op"]], f["prescale_factor"], f["postscale_factor"],
+                             entries, grouped, getattr(Compression, f["compression"]))
+        nbytes = sum(e.src.nbytes for e in entries)
+        return Request(f["collective"], name, fields, nbytes, Handle(self, name), allreduce=work)
 
     def _full_negotiation(self, pending: list[Request], speculated, report: bool):
         mine = [(r.name, r.fields) for r in pending if r is not speculated]
-        gathered = self.rt.transport.comm.allgather(mine)
+        gathered = self.rt.transport.comm.allgather((mine, self._join_handle is not None))
         size = self.rt.size
+        joined = {rank for rank, (_, has_joined) in enumerate(gathered) if has_joined}
+        self._note_joins(joined)
         by_name: dict[str, dict[int, tuple]] = {}
-        for rank, items in enumerate(gathered):
+        for rank, (items, _) in enumerate(gathered):
             for name, fields in items:
                 by_name.setdefault(name, {})[rank] = fields
         local = {r.name: r for r in pending}
+        everyone = set(range(size))
         ready, errors, leftover = [], [], False
         for name, per_rank in by_name.items():
-            if len(per_rank) < size:
+            # A rank that has joined takes part in every collective it lacks, with zeros.
+            if set(per_rank) | joined != everyone:
                 leftover = True
                 if report and name in local:
-                    self._report_stall(local[name], sorted(set(range(size)) - set(per_rank)))
+                    self._report_stall(local[name], sorted(everyone - set(per_rank) - joined))
                 continue
-            first = per_rank[0]
-            if all(f == first for f in per_rank.values()):
-                if name in local:
-                    ready.append(local[name])
-                    self._remember(local[name])
-            else:
+            first = next(iter(per_rank.values()))
+            if not all(f == first for f in per_rank.values()):
                 errors.append((name, _describe_mismatch(name, per_rank)))
+                continue
+            self._remember(name, first)
+            if name in local:
+                ready.append(local[name])
+            else:
+                try:
+                    ready.append(self._zeros_request(name, first))
+                except ValueError as e:
+                    errors.append((name, str(e)))
+        if len(joined) == size:
+            self._finish_join()
         return ready, errors, leftover
 
     def _report_stall(self, req: Request, missing: list[int]) -> None:

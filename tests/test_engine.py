@@ -74,3 +74,8 @@ def test_timeline_api_validates_path():
     fastring.init()
     with pytest.raises(ValueError, match="path"):
         fastring.start_timeline("")
+
+
+@pytest.mark.parametrize("n", [1, 2, 3])
+def test_join_with_uneven_data(mpirun, n):
+    mpirun(n, "join")
