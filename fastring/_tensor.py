@@ -22,6 +22,8 @@ def as_array(tensor, what: str = "tensor") -> np.ndarray:
     """
     if isinstance(tensor, np.ndarray):
         return tensor
+    if isinstance(tensor, np.generic):  # a NumPy scalar is a 0-d array
+        return np.asarray(tensor)
     if _module_of(tensor) == "torch":
         return _torch_as_array(tensor, what)
     if hasattr(tensor, "__dlpack__"):

@@ -7,7 +7,8 @@ from typing import Sequence
 
 import numpy as np
 
-from ._dtypes import DtypeSpec, spec_of
+from . import device
+from ._dtypes import SUPPORTED, DtypeSpec, spec_of
 from ._ops import ReduceOp, as_reduce_op
 from ._runtime import runtime
 from ._tensor import as_array, like
@@ -64,6 +65,9 @@ def _allreduce_request(kind: str, tensors: Sequence, outs: Sequence, op, name, c
     prescale = _factor(prescale_factor, "prescale_factor")
     postscale = _factor(postscale_factor, "postscale_factor")
     name = _name(name)
+    if device.is_device_tensor(tensors[0]):
+        return device.allreduce_request(rt, kind, tensors, outs, op, name, compressor, prescale,
+                                        postscale, grouped)
     if grouped:
         arrays = [as_array(t) for t in tensors]
         spec = spec_of(arrays[0].dtype)
@@ -74,7 +78,7 @@ def _allreduce_request(kind: str, tensors: Sequence, outs: Sequence, op, name, c
         nbytes = sum(a.nbytes for a in arrays)
     else:
         arrays = [as_array(tensors[0])]
-        spec = spec_of(arrays[0].dtype)
+        spec = SUPPORTED.get(arrays[0].dtype) or spec_of(arrays[0].dtype)
         shapes = arrays[0].shape
         nbytes = arrays[0].nbytes
     _check_op_for_dtype(op, spec)
@@ -82,7 +86,8 @@ def _allreduce_request(kind: str, tensors: Sequence, outs: Sequence, op, name, c
         compressor = Compression.none  # integers and bools travel as they are
     if compressor.error_feedback and name is None:
         raise ValueError(f"{compressor!r} keeps a residual per tensor name; give the tensor a name")
-    entries = [_entry(t, a, o) for t, a, o in zip(tensors, arrays, outs)]
+    entries = ([_entry(t, a, o) for t, a, o in zip(tensors, arrays, outs)] if grouped
+               else [_entry(tensors[0], arrays[0], outs[0])])
     engine = rt.engine
     name = name or engine.auto_name(kind)
     fields = (("collective", kind), ("dtype", spec.name), ("shape", shapes), ("op", op.name),

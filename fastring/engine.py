@@ -20,6 +20,7 @@ makes them take turns, and the transport releases the GIL while bytes move.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import logging
 import threading
 import time
@@ -101,9 +102,11 @@ class AllreduceWork:
     entries: list[Entry]
     grouped: bool  # the handle returns a list
     compression: Compressor = Compression.none
+    device: str = "cpu"  # "cuda": entries hold device arrays, reduced by fastring/device.py
 
     def key(self) -> tuple:
-        return (self.spec.name, int(self.op), self.prescale, self.postscale, self.compression.name)
+        return (self.spec.name, int(self.op), self.prescale, self.postscale, self.compression.name,
+                self.device)
 
     @property
     def accumulator(self) -> np.dtype:
@@ -160,7 +163,7 @@ class Engine:
         self._join_handle: Handle | None = None  # set while this rank has joined
         self._join_order: list[int] = []
         self._pending: dict[str, Request] = {}
-        self._noname: dict[str, int] = {}
+        self._noname: dict[str, itertools.count] = {}
         self._cache: dict[str, tuple[int, tuple]] = {}   # name -> (bit, fields)
         self._cache_names: list[str] = []
         self._field_digests: dict[tuple, bytes] = {}
@@ -172,6 +175,7 @@ class Engine:
         self._running = True
         self._fusion = np.empty(0, np.uint8)
         self._residuals: dict[str, np.ndarray] = {}  # error feedback, by tensor name
+        self._payload_reducers: dict[tuple, tuple[int, int]] = {}
         self._block = np.empty(0, np.uint64)
         self._block_tmp = np.empty(0, np.uint64)
         self._block_address = self._block_tmp_address = 0
@@ -179,10 +183,10 @@ class Engine:
     # ----------------------------------------------------------------- submission
     def auto_name(self, kind: str) -> str:
         """Deterministic names for unnamed requests: the n-th unnamed `kind` on every rank."""
-        with self._queue_lock:
-            n = self._noname.get(kind, 0)
-            self._noname[kind] = n + 1
-        return f"{kind}.noname.{n}"
+        counter = self._noname.get(kind)
+        if counter is None:
+            counter = self._noname.setdefault(kind, itertools.count())
+        return f"{kind}.noname.{next(counter)}"  # next() on a count is atomic under the GIL
 
     def submit(self, request: Request, background: bool = True) -> Handle:
         if self._broken is not None:
@@ -237,7 +241,10 @@ class Engine:
             try:
                 if not self._pending and not self._keep_cycling:
                     req.signature_hash = self._signature_hash(req.name, req.fields)
-                    self._cycle([req], lone=True)
+                    if _carries_payload(req) and len(req.allreduce.entries) == 1:
+                        self._lone_allreduce(req)
+                    else:
+                        self._cycle([req], lone=True)
             except BaseException as e:  # noqa: BLE001 - delivered to every waiter
                 self._fail_all(e)
                 if not req.handle._done:
@@ -325,6 +332,38 @@ class Engine:
         for r in pending:
             r.handle._finish(error=error if isinstance(error, FastringError) else FastringError(str(error)))
 
+    def _lone_allreduce(self, req: Request) -> None:
+        """`_cycle([req], lone=True)` for a single small allreduce, written out: the latency
+        of every synchronous small allreduce is this function."""
+        work = req.allreduce
+        e = work.entries[0]
+        words = self._words
+        header = self._header
+        if words:
+            self._block[HEADER_WORDS:HEADER_WORDS + 2 * words] = 0
+        header[0] = 0
+        header[1] = h = req.signature_hash
+        header[2] = req.nbytes
+        size = self.rt.size
+        if work.prescale == 1.0 and not _predivides(work, size) and is_c_contiguous(e.src):
+            copy_bytes(self._payload_address(words), array_address(e.src), req.nbytes)
+        else:
+            _pack(work, self._payload(words, req.nbytes, work.spec.dtype), size)
+        reduce_fn, itemsize = self._spec_reduce(req)
+        outcome = self.rt.transport.cycle_exchange(
+            self._block_address, words, SMALL_MESSAGE_BYTES, self._block_tmp_address, reduce_fn,
+            itemsize, self.config.stall_check_time, _StallReporter([req], self.config.stall_shutdown_time))
+        if outcome[1] == h and not (outcome[0] or outcome[2] or outcome[3]):
+            self._remember(req.name, req.fields)
+            self._finish_speculation(req, words)
+            return
+        if outcome[1] != h:
+            req.submitted = time.monotonic()
+            req.next_report = req.submitted + self._stall_interval(0.0)
+            with self._queue_lock:
+                self._pending[req.name] = req
+        self._after_exchange(outcome, words, [req], {}, req)
+
     # ----------------------------------------------------------------- one cycle
     def _cycle(self, pending: list[Request] | None = None, lone: bool = False) -> None:
         """One negotiation cycle over `pending` (default: the queue). With `lone`, the only
@@ -394,6 +433,13 @@ class Engine:
         """Act on a cycle's combined header: identical on every rank, so every rank decides
         the same completions, errors and order of execution."""
         out_flags, spec_hash, leftover, any_ready = outcome
+        if spec_req is not None and spec_hash == spec_req.signature_hash and not (
+                out_flags or leftover or any_ready) and _carries_payload(spec_req):
+            # the commonest outcome: every rank proposed this request and nothing else waits
+            self._speculate, self._keep_cycling = True, False
+            self._remember(spec_req.name, spec_req.fields)
+            self._finish_speculation(spec_req, words)
+            return
         speculated = spec_req is not None and spec_hash == spec_req.signature_hash
         self._speculate = spec_hash != SPECULATION_FAILED
         agreed = []
@@ -441,12 +487,17 @@ class Engine:
         start = HEADER_WORDS + 2 * words
         return self._block[start:].view(np.uint8)[:nbytes].view(dtype)
 
-    @staticmethod
-    def _spec_reduce(spec_req) -> tuple[int, int]:
+    def _spec_reduce(self, spec_req) -> tuple[int, int]:
+        """(reduction cfunc, item size) for the speculative payload, or (0, 1) for none."""
         if spec_req is None or not _carries_payload(spec_req):
             return 0, 1
         work = spec_req.allreduce
-        return kernels.reduce_cfunc(KERNEL_OP[work.op], work.spec.dtype), work.spec.dtype.itemsize
+        key = (work.op, work.spec.name)
+        found = self._payload_reducers.get(key)
+        if found is None:
+            found = self._payload_reducers[key] = (kernels.reduce_cfunc(KERNEL_OP[work.op], work.spec.dtype),
+                                                   work.spec.dtype.itemsize)
+        return found
 
     def _finish_speculation(self, req: Request, words: int) -> None:
         """The cycle reduced `req`'s payload: finalize it and hand it out."""
@@ -559,9 +610,10 @@ class Engine:
 
     # ----------------------------------------------------------------- execution
     def _complete(self, req: Request, result=None, error: BaseException | None = None) -> None:
-        with self._queue_lock:
-            if self._pending.get(req.name) is req:
-                del self._pending[req.name]
+        if self._pending.get(req.name) is req:
+            with self._queue_lock:
+                if self._pending.get(req.name) is req:
+                    del self._pending[req.name]
         self.timeline.end(req.name, "queued")
         self._completed += 1
         req.handle._finish(result, error)
@@ -606,6 +658,11 @@ class Engine:
         if not batch:
             return
         work = batch[0].allreduce
+        if work.device != "cpu":
+            from . import device
+
+            device.reduce_batch(self, batch)
+            return
         rt = self.rt
         names = [r.name for r in batch]
         if len(batch) == 1 and len(work.entries) == 1 and work.entries[0].work.dtype == work.accumulator:
@@ -693,7 +750,7 @@ class _StallReporter:
 
 def _carries_payload(req: Request) -> bool:
     return (req.allreduce is not None and req.nbytes <= SMALL_MESSAGE_BYTES
-            and req.allreduce.compression.wire is None)
+            and req.allreduce.compression.wire is None and req.allreduce.device == "cpu")
 
 
 def _nothing(view: np.ndarray) -> None:
