@@ -14,6 +14,10 @@ SMALL_MESSAGE_BYTES = 64 * 1024
 # The ring receives a segment into a scratch buffer and reduces it while it sits in cache;
 # 256 KiB fits the L2 of the reference machine alongside the destination segment.
 RING_SEGMENT_BYTES = 256 * 1024
+# Broadcasts above this size on 3 or more ranks take the pipelined chain, in segments of
+# BROADCAST_SEGMENT_BYTES; smaller ones (and all on two ranks) take the binomial tree.
+BROADCAST_CHAIN_BYTES = SMALL_MESSAGE_BYTES
+BROADCAST_SEGMENT_BYTES = 256 * 1024
 
 
 @dataclass(frozen=True)

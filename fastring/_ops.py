@@ -22,6 +22,8 @@ class ReduceOp(enum.IntEnum):
     Product = 4
 
 
+# Enum .name is a property lookup on a hot path; a dict is cheaper.
+OP_NAMES = {op: op.name for op in ReduceOp}
 # ReduceOp -> code of fastring.kernels.KernelOp (SUM=0, MIN=1, MAX=2, PRODUCT=3).
 KERNEL_OP = {ReduceOp.Average: 0, ReduceOp.Sum: 0, ReduceOp.Min: 1, ReduceOp.Max: 2, ReduceOp.Product: 3}
 # ReduceOp -> code of _transport._op (SUM, MIN, MAX, PROD, LOR, LAND); bool uses the logical ones.

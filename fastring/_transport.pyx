@@ -194,7 +194,7 @@ cdef class Transport:
         """Reduce chunk c = buf[offsets[c]:offsets[c+1]] (bytes) over all ranks into rank c.
 
         After return, this rank's chunk `rank` holds the full reduction; other chunks hold
-        partial sums. `tmp` must hold `segment_bytes`; segments are received there while the
+        partial sums. `tmp` must hold 2 * `segment_bytes`; segments are received there while the
         reduction of the previous one still sits in cache.
         """
         if offsets.shape[0] != self.size + 1:
@@ -289,33 +289,59 @@ cdef inline int64_t _mod(int64_t a, int64_t n) noexcept nogil:
     return ((a % n) + n) % n
 
 
+cdef int _post_exchange(MPI_Comm comm, char* send, int64_t send_nbytes, int dest,
+                        char* recv, int64_t recv_nbytes, int source, int tag,
+                        MPI_Request* reqs) except -1 nogil:
+    _check(mpi.MPI_Irecv_c(recv, recv_nbytes, mpi.MPI_BYTE, source, tag, comm, &reqs[0]))
+    return _check(mpi.MPI_Isend_c(send, send_nbytes, mpi.MPI_BYTE, dest, tag, comm, &reqs[1]))
+
+
 cdef int _ring_reduce_scatter(MPI_Comm comm, int rank, int size, char* buf,
                               const int64_t* offsets, char* tmp, int64_t segment_bytes,
                               reduce_fn_t reduce, int64_t itemsize, int tag) except -1 nogil:
+    # Double-buffered: segment k+1 is already posted (and the partner, waiting in MPI, keeps
+    # moving its bytes) while segment k is reduced out of the other half of `tmp`.
     cdef int right = (rank + 1) % size
     cdef int left = (rank + size - 1) % size
-    cdef int64_t largest = 0, step, seg, segments, send_c, recv_c
-    cdef int64_t s_lo, s_hi, r_lo, r_hi
+    cdef int64_t largest = 0, step, seg, segments, send_c, recv_c, lo, hi
     cdef int c
+    cdef MPI_Request reqs[4]
+    cdef char* halves[2]
+    halves[0] = tmp
+    halves[1] = tmp + segment_bytes
     for c in range(size):
         if offsets[c + 1] - offsets[c] > largest:
             largest = offsets[c + 1] - offsets[c]
     # Chunks differ in length by at most a few elements; every rank walks the same number of
-    # segments (some possibly empty) so that each sendrecv has its partner.
+    # segments (some possibly empty) so that each exchange has its partner.
     segments = (largest + segment_bytes - 1) // segment_bytes
     for step in range(size - 1):
         send_c = _mod(rank - step - 1, size)
         recv_c = _mod(rank - step - 2, size)
-        for seg in range(segments):
-            s_lo = offsets[send_c] + seg * segment_bytes
-            s_hi = min(s_lo + segment_bytes, offsets[send_c + 1])
-            r_lo = offsets[recv_c] + seg * segment_bytes
-            r_hi = min(r_lo + segment_bytes, offsets[recv_c + 1])
-            _sendrecv(comm, buf + s_lo, max(s_hi - s_lo, 0), right,
-                      tmp, max(r_hi - r_lo, 0), left, tag)
-            if r_hi > r_lo:
-                reduce(buf + r_lo, tmp, (r_hi - r_lo) // itemsize)
+        for seg in range(segments + 1):
+            if seg < segments:
+                _post_exchange(comm, buf + _seg_lo(offsets, send_c, seg, segment_bytes),
+                               _seg_len(offsets, send_c, seg, segment_bytes), right,
+                               halves[seg % 2], _seg_len(offsets, recv_c, seg, segment_bytes),
+                               left, tag, &reqs[2 * (seg % 2)])
+            if seg > 0:
+                _check(mpi.MPI_Waitall(2, &reqs[2 * ((seg - 1) % 2)], mpi.MPI_STATUSES_IGNORE))
+                lo = _seg_lo(offsets, recv_c, seg - 1, segment_bytes)
+                hi = lo + _seg_len(offsets, recv_c, seg - 1, segment_bytes)
+                if hi > lo:
+                    reduce(buf + lo, halves[(seg - 1) % 2], (hi - lo) // itemsize)
     return 0
+
+
+cdef inline int64_t _seg_lo(const int64_t* offsets, int64_t chunk, int64_t seg,
+                            int64_t segment) noexcept nogil:
+    return offsets[chunk] + seg * segment
+
+
+cdef inline int64_t _seg_len(const int64_t* offsets, int64_t chunk, int64_t seg,
+                             int64_t segment) noexcept nogil:
+    cdef int64_t lo = offsets[chunk] + seg * segment
+    return max(min(lo + segment, offsets[chunk + 1]) - lo, 0)
 
 
 cdef int _ring_reduce_scatter_wire(MPI_Comm comm, int rank, int size, char* acc, char* wire,

@@ -112,7 +112,7 @@ class Ring:
         with phase("reduce-scatter"):
             if rt.size > 1:
                 segment = max(itemsize, RING_SEGMENT_BYTES - RING_SEGMENT_BYTES % itemsize)
-                tmp = rt.scratch(segment)
+                tmp = rt.scratch(2 * segment)
                 rt.transport.ring_reduce_scatter(array_address(flat), offsets, array_address(tmp), segment,
                                                  kernels.reduce_cfunc(KERNEL_OP[op], spec.dtype), itemsize)
             lo, hi = offsets[rt.rank] // itemsize, offsets[rt.rank + 1] // itemsize

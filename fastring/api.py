@@ -9,7 +9,7 @@ import numpy as np
 
 from . import device
 from ._dtypes import SUPPORTED, DtypeSpec, spec_of
-from ._ops import ReduceOp, as_reduce_op
+from ._ops import OP_NAMES, ReduceOp, as_reduce_op
 from ._runtime import runtime
 from ._tensor import as_array, like
 from ._transport import is_writable_c_contiguous
@@ -90,7 +90,7 @@ def _allreduce_request(kind: str, tensors: Sequence, outs: Sequence, op, name, c
                else [_entry(tensors[0], arrays[0], outs[0])])
     engine = rt.engine
     name = name or engine.auto_name(kind)
-    fields = (("collective", kind), ("dtype", spec.name), ("shape", shapes), ("op", op.name),
+    fields = (("collective", kind), ("dtype", spec.name), ("shape", shapes), ("op", OP_NAMES[op]),
               ("prescale_factor", prescale), ("postscale_factor", postscale), ("device", "cpu"),
               ("compression", compressor.name))
     work = AllreduceWork(spec, op, prescale, postscale, entries, grouped, compressor)

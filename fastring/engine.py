@@ -167,7 +167,7 @@ class Engine:
         self._cache: dict[str, tuple[int, tuple]] = {}   # name -> (bit, fields)
         self._cache_names: list[str] = []
         self._field_digests: dict[tuple, bytes] = {}
-        self._hashes: dict[tuple, int] = {}
+        self._hashes: dict[str, tuple[tuple, int]] = {}  # name -> (fields, hash)
         self._keep_cycling = False   # some rank still had work after the last cycle
         self._speculate = True
         self._broken: BaseException | None = None
@@ -176,6 +176,10 @@ class Engine:
         self._fusion = np.empty(0, np.uint8)
         self._residuals: dict[str, np.ndarray] = {}  # error feedback, by tensor name
         self._payload_reducers: dict[tuple, tuple[int, int]] = {}
+        self._bits_dirty = True  # bit words in the cycle block may be nonzero
+        self._clean_words = 0    # ...unless this many words were left zero by a clean cycle
+        self._stall_check_time = self.config.stall_check_time
+        self._stall_reporter = _StallReporter([], self.config.stall_shutdown_time)
         self._block = np.empty(0, np.uint64)
         self._block_tmp = np.empty(0, np.uint64)
         self._block_address = self._block_tmp_address = 0
@@ -214,10 +218,9 @@ class Engine:
     def _signature_hash(self, name: str, fields: tuple) -> int:
         """A 64-bit digest of (name, fields), equal on every rank for equal requests; never 0
         (no speculation) nor SPECULATION_FAILED."""
-        key = (name, fields)
-        h = self._hashes.get(key)
-        if h is not None:
-            return h
+        known = self._hashes.get(name)
+        if known is not None and known[0] == fields:
+            return known[1]
         fields_digest = self._field_digests.get(fields)
         if fields_digest is None:
             fields_digest = hashlib.blake2b(repr(fields).encode(), digest_size=16).digest()
@@ -226,7 +229,7 @@ class Engine:
         digest = hashlib.blake2b(name.encode(), digest_size=8, key=fields_digest).digest()
         h = int.from_bytes(digest, "little") % (SPECULATION_FAILED - 1) + 1
         if ".noname." not in name and len(self._hashes) < CACHE_CAPACITY:
-            self._hashes[key] = h
+            self._hashes[name] = (fields, h)
         return h
 
     def run(self, req: Request):
@@ -339,8 +342,10 @@ class Engine:
         e = work.entries[0]
         words = self._words
         header = self._header
-        if words:
+        if words and (self._bits_dirty or words != self._clean_words):
+            # the words may hold last cycle's bits, or payload bytes if the cache just grew
             self._block[HEADER_WORDS:HEADER_WORDS + 2 * words] = 0
+        self._clean_words = words
         header[0] = 0
         header[1] = h = req.signature_hash
         header[2] = req.nbytes
@@ -350,9 +355,12 @@ class Engine:
         else:
             _pack(work, self._payload(words, req.nbytes, work.spec.dtype), size)
         reduce_fn, itemsize = self._spec_reduce(req)
+        self._stall_reporter.pending = [req]
         outcome = self.rt.transport.cycle_exchange(
             self._block_address, words, SMALL_MESSAGE_BYTES, self._block_tmp_address, reduce_fn,
-            itemsize, self.config.stall_check_time, _StallReporter([req], self.config.stall_shutdown_time))
+            itemsize, self._stall_check_time, self._stall_reporter)
+        # A clean outcome leaves every bit word zero (nothing ready, nothing left over).
+        self._bits_dirty = bool(outcome[2] or outcome[3])
         if outcome[1] == h and not (outcome[0] or outcome[2] or outcome[3]):
             self._remember(req.name, req.fields)
             self._finish_speculation(req, words)
@@ -374,10 +382,11 @@ class Engine:
         words = self._words
         spec_req = pending[0] if self._speculate and pending else None
         cached = self._write_header(pending, spec_req, words)
+        self._stall_reporter.pending = pending
         outcome = self.rt.transport.cycle_exchange(
             self._block_address, words, SMALL_MESSAGE_BYTES, self._block_tmp_address,
-            *self._spec_reduce(spec_req), self.config.stall_check_time,
-            _StallReporter(pending, self.config.stall_shutdown_time))
+            *self._spec_reduce(spec_req), self._stall_check_time, self._stall_reporter)
+        self._bits_dirty = True
         if lone and outcome[1] != spec_req.signature_hash:
             spec_req.submitted = time.monotonic()
             spec_req.next_report = spec_req.submitted + self._stall_interval(0.0)
@@ -517,7 +526,8 @@ class Engine:
         """Cache an agreed (name, fields); called in the same order on every rank."""
         entry = self._cache.get(name)
         if entry is not None:
-            self._cache[name] = (entry[0], fields)
+            if entry[1] != fields:
+                self._cache[name] = (entry[0], fields)
         elif len(self._cache_names) < CACHE_CAPACITY and ".noname." not in name:
             self._cache[name] = (len(self._cache_names), fields)
             self._cache_names.append(name)

@@ -22,6 +22,33 @@ EPS = {np.dtype(np.float16): 2.0 ** -11, BF16: 2.0 ** -8, np.dtype(np.float32): 
        np.dtype(np.float64): 2.0 ** -53}
 
 
+def converters(framework: str):
+    """(to_fw, from_fw): a NumPy array as a fresh tensor of `framework` ('numpy' or 'torch'),
+    and a result back as NumPy (asserting it came back in the framework's type)."""
+    if framework == "torch":
+        import torch
+
+        def to_fw(a):
+            if a.dtype == BF16:
+                return torch.from_numpy(a.view(np.int16).copy()).view(torch.bfloat16)
+            return torch.from_numpy(a.copy())
+
+        def from_fw(t):
+            assert isinstance(t, torch.Tensor), type(t)
+            if t.dtype == torch.bfloat16:
+                return t.view(torch.int16).numpy().view(BF16)
+            return t.numpy()
+        return to_fw, from_fw
+
+    def to_numpy(a):
+        return a.copy()
+
+    def from_numpy(a):
+        assert isinstance(a, np.ndarray), type(a)
+        return a
+    return to_numpy, from_numpy
+
+
 def reinit(algorithm: str = "auto") -> None:
     """Restart fastring under another FASTRING_ALGORITHM (init reads the environment)."""
     os.environ["FASTRING_ALGORITHM"] = algorithm

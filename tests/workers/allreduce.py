@@ -9,26 +9,7 @@ import fastring
 
 framework = sys.argv[1]
 algorithms = sys.argv[2:] or ["auto"]
-if framework == "torch":
-    import torch
-
-    def to_fw(a):
-        if a.dtype == c.BF16:
-            return torch.from_numpy(a.view(np.int16).copy()).view(torch.bfloat16)
-        return torch.from_numpy(a.copy())
-
-    def from_fw(t):
-        assert isinstance(t, torch.Tensor), type(t)
-        if t.dtype == torch.bfloat16:
-            return t.view(torch.int16).numpy().view(c.BF16)
-        return t.numpy()
-else:
-    def to_fw(a):
-        return a.copy()
-
-    def from_fw(a):
-        assert isinstance(a, np.ndarray), type(a)
-        return a
+to_fw, from_fw = c.converters(framework)
 
 OPS = [fastring.Sum, fastring.Average, fastring.Min, fastring.Max, fastring.Product]
 N = c.SIZE

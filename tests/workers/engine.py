@@ -2,7 +2,6 @@
 rank, tensors untouched, next collective fine), duplicate names, poll, fusion, timeline.
 usage: engine.py [timeline-path]"""
 import json
-import os
 import sys
 import time
 

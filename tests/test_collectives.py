@@ -1,0 +1,230 @@
+"""allgather, broadcast, alltoall, reducescatter, barrier, broadcast_object, allgather_object:
+the multi-rank matrix (tests/workers/collectives.py, numpy and torch) and every local error
+path, which needs no second rank."""
+import doctest
+import threading
+
+import numpy as np
+import pytest
+
+import fastring
+import fastring.collectives
+
+SIZES = [1, 2, 3, 4]
+ROWS_OPS = {  # the collectives that work on dimension 0, called with their minimal arguments
+    "allgather": fastring.allgather, "allgather_async": fastring.allgather_async,
+    "alltoall": fastring.alltoall, "alltoall_async": fastring.alltoall_async,
+    "reducescatter": fastring.reducescatter, "reducescatter_async": fastring.reducescatter_async,
+}
+TENSOR_OPS = dict(ROWS_OPS, broadcast=lambda t: fastring.broadcast(t, 0),
+                  broadcast_async=lambda t: fastring.broadcast_async(t, 0))
+
+
+@pytest.mark.parametrize("n", SIZES)
+def test_numpy_matrix_and_cross_rank_errors(mpirun, n):
+    mpirun(n, "collectives", "numpy")
+
+
+@pytest.mark.parametrize("n", SIZES)
+def test_torch(mpirun, n):
+    pytest.importorskip("torch")
+    mpirun(n, "collectives", "torch")
+
+
+@pytest.fixture
+def initialized():
+    fastring.init()
+    yield
+    fastring.init()
+
+
+def test_exported():
+    for name in ("allgather", "allgather_async", "broadcast", "broadcast_async", "alltoall",
+                 "alltoall_async", "reducescatter", "reducescatter_async", "barrier",
+                 "broadcast_object", "allgather_object"):
+        assert name in fastring.__all__ and callable(getattr(fastring, name))
+
+
+def test_docstring_examples(initialized):
+    result = doctest.testmod(fastring.collectives, optionflags=doctest.NORMALIZE_WHITESPACE)
+    assert result.attempted > 10 and result.failed == 0
+
+
+def test_requires_init():
+    fastring.shutdown()
+    try:
+        for call in [lambda: fastring.allgather(np.ones(2)), lambda: fastring.broadcast(np.ones(2), 0),
+                     lambda: fastring.alltoall(np.ones(2)), lambda: fastring.reducescatter(np.ones(2)),
+                     fastring.barrier, lambda: fastring.broadcast_object(1),
+                     lambda: fastring.allgather_object(1)]:
+            with pytest.raises(ValueError, match="init"):
+                call()
+    finally:
+        fastring.init()
+
+
+@pytest.mark.parametrize("op", sorted(ROWS_OPS))
+def test_zero_d_is_value_error(initialized, op):
+    with pytest.raises(ValueError, match="0-d"):
+        ROWS_OPS[op](np.array(1.0))
+
+
+def test_zero_d_broadcast_is_fine(initialized):
+    got = fastring.broadcast(np.array(2.5), 0)
+    assert got.shape == () and got == 2.5
+
+
+@pytest.mark.parametrize("op", sorted(TENSOR_OPS))
+@pytest.mark.parametrize("bad", [np.ones(3, np.complex64), np.ones(3, np.uint16)])
+def test_unsupported_dtype_is_type_error_naming_it(initialized, op, bad):
+    with pytest.raises(TypeError, match=str(bad.dtype)):
+        TENSOR_OPS[op](bad)
+
+
+@pytest.mark.parametrize("op", sorted(TENSOR_OPS))
+def test_unreadable_tensor_and_bad_name(initialized, op):
+    with pytest.raises(TypeError, match="tensor"):
+        TENSOR_OPS[op](3.0)
+    fn = getattr(fastring, op)
+    args = (np.ones(2), 0) if op.startswith("broadcast") else (np.ones(2),)
+    with pytest.raises(TypeError, match="name"):
+        fn(*args, name=7)
+
+
+@pytest.mark.parametrize("root", [-1, 1, 10])
+def test_root_outside_world_is_value_error(initialized, root):
+    with pytest.raises(ValueError, match="root_rank"):
+        fastring.broadcast(np.ones(2), root)
+    with pytest.raises(ValueError, match="root_rank"):
+        fastring.broadcast_async(np.ones(2), root)
+    with pytest.raises(ValueError, match="root_rank"):
+        fastring.broadcast_object("x", root_rank=root)
+
+
+@pytest.mark.parametrize("root", ["0", 0.0, True, None])
+def test_root_not_an_integer_is_type_error(initialized, root):
+    with pytest.raises(TypeError, match="root_rank"):
+        fastring.broadcast(np.ones(2), root)
+    assert fastring.broadcast(np.ones(2), np.int64(0)).tolist() == [1.0, 1.0]
+
+
+@pytest.mark.parametrize("splits, message", [
+    (np.array([2], np.int64), "int32"),
+    (np.array([[2]], np.int32), "1-D"),
+    (np.array([1, 1], np.int32), "one entry per rank"),
+    ([], "one entry per rank"),
+    (np.array([-1], np.int32), "negative"),
+    (np.array([4], np.int32), "more than dimension 0"),
+    ([4], "more than dimension 0"),
+    ([1.0], "integers"),
+    ([True], "integers"),
+    ([2 ** 40], "int32"),
+    ("1", "int32"),
+    (3, "int32"),
+])
+def test_bad_splits_are_value_errors(initialized, splits, message):
+    with pytest.raises(ValueError, match=message):
+        fastring.alltoall(np.zeros(3), splits=splits)
+    with pytest.raises(ValueError, match=message):
+        fastring.alltoall_async(np.zeros(3), splits=splits)
+
+
+def test_alltoall_on_one_rank(initialized):
+    x = np.arange(12, dtype=np.int32).reshape(6, 2)
+    assert np.array_equal(fastring.alltoall(x), x)
+    out, received = fastring.alltoall(x, splits=np.array([4], np.int32))
+    assert np.array_equal(out, x[:4]) and received.dtype == np.int32 and received.tolist() == [4]
+    out, received = fastring.alltoall(np.zeros((0, 3)), splits=[0])
+    assert out.shape == (0, 3) and received.tolist() == [0]
+
+
+def test_reducescatter_argument_errors(initialized):
+    with pytest.raises(TypeError, match="bool"):
+        fastring.reducescatter(np.ones(2, bool))
+    assert fastring.reducescatter(np.ones(2, bool), op=fastring.Max).tolist() == [True, True]
+    with pytest.raises(ValueError, match="op must be"):
+        fastring.reducescatter(np.ones(2), op="sum")
+    with pytest.raises(TypeError, match="prescale_factor"):
+        fastring.reducescatter(np.ones(2), prescale_factor="2")
+    with pytest.raises(TypeError, match="postscale_factor"):
+        fastring.reducescatter_async(np.ones(2), postscale_factor=None)
+
+
+def test_reducescatter_on_one_rank(initialized):
+    x = np.arange(6, dtype=np.float32).reshape(3, 2)
+    got = fastring.reducescatter(x, prescale_factor=2.0, postscale_factor=0.5)
+    assert np.array_equal(got, x) and got is not x
+    assert np.array_equal(fastring.reducescatter(np.array([-7, 7], np.int8)), [-7, 7])
+    assert fastring.reducescatter(np.zeros((0, 4), np.float16)).shape == (0, 4)
+
+
+def test_broadcast_out_errors(initialized):
+    x = np.ones(4, np.float32)
+    with pytest.raises(ValueError, match="shape"):
+        fastring.broadcast(x, 0, out=np.zeros(5, np.float32))
+    with pytest.raises(TypeError, match="dtype"):
+        fastring.broadcast(x, 0, out=np.zeros(4, np.float64))
+    ro = np.zeros(4, np.float32)
+    ro.flags.writeable = False
+    with pytest.raises(ValueError, match="read-only"):
+        fastring.broadcast_async(x, 0, out=ro)
+    assert x.tolist() == [1.0] * 4 and ro.tolist() == [0.0] * 4
+
+
+def test_broadcast_returns_new_tensor_unless_out(initialized):
+    x = np.arange(3.0)
+    got = fastring.broadcast(x, 0)
+    assert got is not x and np.array_equal(got, x)
+    assert fastring.broadcast(x, 0, out=x) is x
+
+
+def test_zero_size_everywhere(initialized):
+    z = np.zeros((0, 2), np.float64)
+    assert fastring.allgather(z).shape == (0, 2)
+    assert fastring.broadcast(z, 0).shape == (0, 2)
+    assert fastring.alltoall(z).shape == (0, 2)
+    assert fastring.reducescatter(z).shape == (0, 2)
+    assert fastring.allgather(np.zeros((3, 0), np.int8)).shape == (3, 0)
+
+
+def test_buffer_protocol(initialized):
+    assert fastring.allgather(bytearray(b"\x01\x02")).tolist() == [1, 2]
+    assert fastring.broadcast(bytearray(b"\x03"), 0).tolist() == [3]
+
+
+def test_duplicate_name_in_flight(initialized):
+    engine = fastring._runtime.runtime().engine
+    with engine._cycle_lock:  # hold cycles off so that the first request stays in flight
+        h = fastring.allgather_async(np.ones(2), name="twice")
+        with pytest.raises(ValueError, match="twice"):
+            fastring.broadcast_async(np.ones(2), 0, name="twice")
+    assert h.wait().tolist() == [1.0, 1.0]
+
+
+def test_objects_on_one_rank(initialized):
+    obj = {"f": lambda x: 2 * x}
+    assert fastring.broadcast_object(obj) is obj
+    (copy,) = fastring.allgather_object(obj)
+    assert copy is not obj and copy["f"](3) == 6
+    assert fastring.allgather_object(None) == [None]
+    with pytest.raises(fastring.FastringError, match="rank 0.*pickle"):
+        fastring.broadcast_object(threading.Lock())
+    with pytest.raises(fastring.FastringError, match="rank 0"):
+        fastring.allgather_object(threading.Lock())
+    assert fastring.allgather_object(5, name="after") == [5]
+
+
+def test_barrier_on_one_rank(initialized):
+    assert fastring.barrier() is None
+
+
+def test_torch_results_keep_their_type(initialized):
+    torch = pytest.importorskip("torch")
+    t = torch.arange(6, dtype=torch.bfloat16).reshape(3, 2)
+    for got in (fastring.allgather(t), fastring.broadcast(t, 0), fastring.alltoall(t),
+                fastring.reducescatter(t, op=fastring.Sum)):
+        assert isinstance(got, torch.Tensor) and got.dtype == torch.bfloat16 and torch.equal(got, t)
+    out, received = fastring.alltoall(t, splits=torch.tensor([2], dtype=torch.int32))
+    assert torch.equal(out, t[:2]) and received.dtype == torch.int32 and received.tolist() == [2]
+    with pytest.raises(ValueError, match="int32"):
+        fastring.alltoall(t, splits=torch.tensor([2]))
