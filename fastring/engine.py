@@ -383,9 +383,10 @@ class Engine:
         spec_req = pending[0] if self._speculate and pending else None
         cached = self._write_header(pending, spec_req, words)
         self._stall_reporter.pending = pending
-        outcome = self.rt.transport.cycle_exchange(
-            self._block_address, words, SMALL_MESSAGE_BYTES, self._block_tmp_address,
-            *self._spec_reduce(spec_req), self._stall_check_time, self._stall_reporter)
+        with self.timeline.span([r.name for r in pending], "negotiate"):
+            outcome = self.rt.transport.cycle_exchange(
+                self._block_address, words, SMALL_MESSAGE_BYTES, self._block_tmp_address,
+                *self._spec_reduce(spec_req), self._stall_check_time, self._stall_reporter)
         self._bits_dirty = True
         if lone and outcome[1] != spec_req.signature_hash:
             spec_req.submitted = time.monotonic()

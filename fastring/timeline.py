@@ -77,7 +77,7 @@ class Timeline:
     @contextlib.contextmanager
     def span(self, names, phase: str):
         """Record `phase` for one tensor name or a list of them (a fused batch)."""
-        if self._path is None:
+        if self._path is None or not names:
             yield
             return
         start = self._now_us()

@@ -140,7 +140,7 @@ if len(sys.argv) > 1:
             if n not in tensors:
                 c.fail(f"timeline lacks tensor {n}: {tensors}")
         phases = {e["name"] for e in events if e.get("ph") == "X"}
-        for p in ("queued", "pack", "reduce-scatter", "allgather", "unpack"):
+        for p in ("queued", "negotiate", "pack", "reduce-scatter", "allgather", "unpack"):
             if p not in phases:
                 c.fail(f"timeline lacks phase {p}: {phases}")
 c.done("engine")
