@@ -1,0 +1,127 @@
+"""Time per training step of the example's model (examples/train_mnist_like.py): fastring.torch's
+DistributedOptimizer against torch.nn.parallel.DistributedDataParallel over gloo, in one launch.
+
+Run (np=2 is the performance configuration on a 2-core machine):
+    fastring-run -np 2 python scripts/bench_ddp.py [--steps 200] [--rounds 5] [--json out.json]
+
+A step is zero_grad + forward + loss + backward + optimizer step (SGD with momentum), on a fixed
+batch of --batch-size samples per rank, one torch thread per rank. Both methods start from
+the same weights; they run in alternating rounds (fastring, DDP, fastring, ...) after warm-up,
+so drift in the machine's load affects both alike. A step's time is the slowest rank's; the
+table gives its median and quartiles over all timed steps, and "local" is the same step with
+no communication at all (what the gradient exchange costs is the difference).
+gloo is initialised with env:// on MASTER_ADDR=127.0.0.1 and a free port chosen by rank 0;
+rank and world size come from MPI.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import socket
+import statistics
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from mpi4py import MPI
+
+import fastring.torch as hvd
+
+EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "train_mnist_like.py"
+
+
+def load_example():
+    spec = importlib.util.spec_from_file_location("train_mnist_like", EXAMPLE)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def init_gloo(comm) -> None:
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(comm.bcast(free_port() if comm.rank == 0 else None, root=0))
+    dist.init_process_group("gloo", init_method="env://", rank=comm.rank, world_size=comm.size)
+
+
+def timed_steps(model, optimizer, data, target, steps: int, comm) -> list[float]:
+    """Per-step seconds of the slowest rank."""
+    times = []
+    comm.Barrier()
+    for _ in range(steps):
+        start = time.perf_counter()
+        optimizer.zero_grad()
+        F.nll_loss(model(data), target).backward()
+        optimizer.step()
+        times.append(time.perf_counter() - start)
+    return [max(per_rank) for per_rank in zip(*comm.allgather(times))]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--steps", type=int, default=200, help="timed steps per method per round")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--warmup", type=int, default=20)
+    parser.add_argument("--batch-size", type=int, default=64, help="per rank")
+    parser.add_argument("--json", help="also write the results to this file (rank 0)")
+    args = parser.parse_args()
+
+    comm = MPI.COMM_WORLD
+    torch.set_num_threads(1)
+    hvd.init()
+    init_gloo(comm)
+    example = load_example()
+    data, target = example.make_dataset(args.batch_size, seed=100 + comm.rank).tensors
+
+    def build(method: str):
+        torch.manual_seed(0)
+        model = example.Net()
+        if method == "ddp":
+            model = torch.nn.parallel.DistributedDataParallel(model)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.5)
+        if method == "fastring":
+            optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())
+        return model, optimizer
+
+    methods = ["fastring", "ddp", "local"]
+    built = {m: build(m) for m in methods}
+    for m in methods:
+        timed_steps(*built[m], data, target, args.warmup, comm)
+    times: dict[str, list[float]] = {m: [] for m in methods}
+    for _ in range(args.rounds):
+        for m in methods:
+            times[m] += timed_steps(*built[m], data, target, args.steps, comm)
+
+    if comm.rank == 0:
+        rows = {}
+        for m in methods:
+            q1, median, q3 = statistics.quantiles(times[m], n=4)
+            rows[m] = {"median_ms": 1e3 * median, "q1_ms": 1e3 * q1, "q3_ms": 1e3 * q3,
+                       "steps": len(times[m])}
+        print(f"example model (examples/train_mnist_like.py Net), np={comm.size}, batch "
+              f"{args.batch_size}/rank, {args.rounds}x{args.steps} steps per method, torch "
+              f"{torch.__version__}")
+        print(f"{'method':<34} {'median ms/step':>15} {'q1':>8} {'q3':>8} {'vs DDP':>8}")
+        labels = {"fastring": "fastring DistributedOptimizer", "ddp": "DDP (gloo)",
+                  "local": "local step, no communication"}
+        for m in methods:
+            r = rows[m]
+            print(f"{labels[m]:<34} {r['median_ms']:>15.3f} {r['q1_ms']:>8.3f} {r['q3_ms']:>8.3f} "
+                  f"{r['median_ms'] / rows['ddp']['median_ms']:>8.3f}")
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump({"np": comm.size, "batch_size": args.batch_size, "results": rows}, f, indent=2)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,191 @@
+"""fastring.torch, the drop-in replacement for horovod.torch: the multi-rank suites ported from
+Horovod's test_torch.py (tests/workers/torch_*.py) at 2 and 3 ranks, the training example under
+fastring-run, and what a single process can check (API surface, Horovod's signatures, local
+errors, the optimizer subclass, doctests)."""
+import doctest
+import inspect
+import os
+import re
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import fastring  # noqa: E402
+import fastring.torch as hvd  # noqa: E402
+from fastring.torch import compression, functions, mpi_ops, optimizer  # noqa: E402
+
+SIZES = [2, 3]
+EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "train_mnist_like.py"
+
+
+@pytest.mark.parametrize("n", SIZES)
+def test_collectives(mpirun, n):
+    mpirun(n, "torch_collectives")
+
+
+@pytest.mark.parametrize("n", SIZES)
+def test_autograd(mpirun, n):
+    mpirun(n, "torch_autograd")
+
+
+@pytest.mark.parametrize("n", SIZES)
+def test_optimizer_broadcasts_join(mpirun, n):
+    mpirun(n, "torch_optimizer")
+
+
+def test_example_trains_and_ends_with_identical_replicas():
+    run = os.path.join(os.path.dirname(sys.executable), "fastring-run")
+    proc = subprocess.run([run, "-np", "2", sys.executable, str(EXAMPLE), "--epochs", "2"],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    epochs = re.findall(r"epoch (\d): train loss [\d.]+ accuracy [\d.]+% \| test loss [\d.]+ accuracy ([\d.]+)%",
+                        proc.stdout)
+    assert [e for e, _ in epochs] == ["1", "2"], proc.stdout
+    assert float(epochs[-1][1]) > 80.0, proc.stdout  # it learns
+    assert "replicas identical on all 2 ranks" in proc.stdout
+
+
+API_MD_NAMES = """init shutdown rank size local_rank local_size cross_rank cross_size Average Sum Min
+Max Product Compression allreduce allreduce_ allreduce_async allreduce_async_ grouped_allreduce
+grouped_allreduce_ grouped_allreduce_async grouped_allreduce_async_ allgather allgather_async
+broadcast broadcast_ broadcast_async broadcast_async_ alltoall reducescatter barrier join
+synchronize poll broadcast_object allgather_object broadcast_parameters broadcast_optimizer_state
+DistributedOptimizer start_timeline stop_timeline Adasum is_initialized alltoall_async
+reducescatter_async""".split()
+
+
+def test_every_name_of_the_contract_exists():
+    missing = [n for n in API_MD_NAMES if not hasattr(hvd, n)]
+    assert not missing
+    assert set(hvd.__all__) >= set(API_MD_NAMES)
+    assert all(hasattr(hvd, n) for n in hvd.__all__)
+    assert hvd.Compression is fastring.Compression and compression.Compression is fastring.Compression
+
+
+# Horovod's positional order, so that positional calls written for horovod.torch work.
+HOROVOD_SIGNATURES = {
+    "allreduce": "tensor average name compression op prescale_factor postscale_factor process_set",
+    "allreduce_async": "tensor average name op prescale_factor postscale_factor process_set",
+    "allreduce_": "tensor average name op prescale_factor postscale_factor process_set",
+    "allreduce_async_": "tensor average name op prescale_factor postscale_factor process_set",
+    "grouped_allreduce": "tensors average name compression op prescale_factor postscale_factor process_set",
+    "grouped_allreduce_async_": "tensors average name op prescale_factor postscale_factor process_set",
+    "allgather": "tensor name process_set",
+    "broadcast": "tensor root_rank name process_set",
+    "broadcast_async_": "tensor root_rank name process_set",
+    "alltoall": "tensor splits name process_set",
+    "reducescatter": "tensor name compression op process_set prescale_factor postscale_factor",
+    "reducescatter_async": "tensor name op process_set prescale_factor postscale_factor",
+    "broadcast_object": "obj root_rank name process_set",
+    "allgather_object": "obj name process_set",
+    "broadcast_parameters": "params root_rank",
+    "broadcast_optimizer_state": "optimizer root_rank",
+    "join": "device",
+    "start_timeline": "file_path mark_cycles",
+    "DistributedOptimizer": "optimizer named_parameters compression backward_passes_per_step op "
+                            "gradient_predivide_factor num_groups groups sparse_as_dense process_set",
+}
+
+
+@pytest.mark.parametrize("name", sorted(HOROVOD_SIGNATURES))
+def test_horovod_positional_order(name):
+    assert list(inspect.signature(getattr(hvd, name)).parameters) == HOROVOD_SIGNATURES[name].split()
+
+
+def test_defaults_are_horovods():
+    sig = inspect.signature(hvd.DistributedOptimizer).parameters
+    assert sig["compression"].default is hvd.Compression.none
+    assert sig["op"].default == hvd.Average and sig["backward_passes_per_step"].default == 1
+    assert sig["gradient_predivide_factor"].default == 1.0
+    assert inspect.signature(hvd.allreduce).parameters["op"].default is None  # None means Average
+    assert inspect.signature(hvd.broadcast_object).parameters["root_rank"].default == 0
+
+
+def test_doctests():
+    hvd.init()
+    attempted = 0
+    for module in (mpi_ops, functions, optimizer, compression, hvd):
+        result = doctest.testmod(module, optionflags=doctest.NORMALIZE_WHITESPACE)
+        assert result.failed == 0, module.__name__
+        attempted += result.attempted
+    assert attempted > 60
+
+
+@pytest.fixture
+def one_rank():
+    hvd.init()
+    yield
+    hvd.init()
+
+
+def test_adasum_is_a_distinct_unsupported_op(one_rank):
+    assert all(hvd.Adasum != op for op in fastring.ReduceOp)
+    model = torch.nn.Linear(2, 1)
+    with pytest.raises(NotImplementedError, match="Adasum"):
+        hvd.allreduce(torch.ones(2), op=hvd.Adasum)
+    with pytest.raises(NotImplementedError, match="Adasum"):
+        hvd.grouped_allreduce_async([torch.ones(2)], op=hvd.Adasum)
+    with pytest.raises(NotImplementedError, match="Adasum"):
+        hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), op=hvd.Adasum)
+
+
+def test_local_argument_errors(one_rank):
+    with pytest.raises(TypeError, match="complex64"):
+        hvd.allreduce(torch.ones(2, dtype=torch.complex64))
+    with pytest.raises(ValueError, match="root_rank"):
+        hvd.broadcast(torch.ones(2), 1)
+    with pytest.raises(ValueError, match="average"):
+        hvd.allreduce_(torch.ones(2), average=True, op=hvd.Sum)
+    with pytest.raises(NotImplementedError, match="process_set"):
+        hvd.barrier(process_set="evens")
+    with pytest.raises(NotImplementedError):
+        hvd.init(comm=[0, 1])
+    model = torch.nn.Linear(2, 2)
+    named = list(model.named_parameters())
+    with pytest.raises(ValueError, match="duplicates: a"):
+        hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                 named_parameters=[("a", p) for _, p in named])
+    with pytest.raises(ValueError, match="not named"):
+        hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), named_parameters=named[1:])
+
+
+def test_distributed_optimizer_is_the_wrapped_class_and_shares_its_state(one_rank):
+    model = torch.nn.Linear(3, 1)
+    base = torch.optim.Adam(model.parameters(), lr=0.1)
+    model(torch.ones(2, 3)).sum().backward()
+    base.step()  # state before wrapping is kept
+    opt = hvd.DistributedOptimizer(base, named_parameters=model.named_parameters())
+    assert isinstance(opt, torch.optim.Adam) and type(opt).__name__ == "Adam" and type(opt) is not torch.optim.Adam
+    assert opt.param_groups is base.param_groups and opt.state is base.state and opt.defaults is base.defaults
+    assert type(opt) is type(hvd.DistributedOptimizer(torch.optim.Adam(model.parameters())))  # one class per base
+    scheduler = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # e.g. the scheduler's "step() before optimizer.step()"
+        opt.step()
+        scheduler.step()
+    assert opt.param_groups[0]["lr"] == pytest.approx(0.05)
+    state = opt.state_dict()
+    opt.load_state_dict(state)
+    assert int(opt.state[next(model.parameters())]["step"]) == 2
+
+
+def test_one_rank_training_equals_the_plain_optimizer(one_rank):
+    torch.manual_seed(0)
+    a, b = torch.nn.Linear(4, 2).double(), torch.nn.Linear(4, 2).double()
+    b.load_state_dict(a.state_dict())
+    opt_a = hvd.DistributedOptimizer(torch.optim.SGD(a.parameters(), lr=0.1, momentum=0.9),
+                                     named_parameters=a.named_parameters(), backward_passes_per_step=2)
+    opt_b = torch.optim.SGD(b.parameters(), lr=0.1, momentum=0.9)
+    x = torch.randn(8, 4, dtype=torch.float64)
+    for _ in range(3):
+        for model, opt in ((a, opt_a), (b, opt_b)):
+            opt.zero_grad()
+            model(x[:4]).pow(2).mean().backward()
+            model(x[4:]).pow(2).mean().backward()
+            opt.step()
+    assert all(torch.equal(p, q) for p, q in zip(a.parameters(), b.parameters()))
