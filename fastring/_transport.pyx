@@ -504,7 +504,7 @@ cdef int _wait_patiently(_Cycle* cyc, MPI_Request* reqs, int n, int partner) exc
         if done:
             return 0
         spins += 1
-        if spins > 2000:
+        if spins > 300:
             nanosleep(&pause, NULL)
             if pause.tv_nsec < 500000:
                 pause.tv_nsec += 20000
