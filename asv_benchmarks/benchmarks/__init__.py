@@ -1,0 +1,1 @@
+"""fastring's asv benchmarks: kernels, fusion, compression and 2-rank collectives."""
