@@ -44,8 +44,8 @@ def _torch_as_array(tensor, what: str) -> np.ndarray:
     import torch
 
     if tensor.device.type != "cpu":
-        raise NotImplementedError(f"{what} is on device {tensor.device}; device tensors are "
-                                  "not supported yet (CPU tensors only)")
+        raise NotImplementedError(f"{what} is on device {tensor.device}: of the collectives, only "
+                                  "allreduce and grouped_allreduce take device tensors so far")
     t = tensor.detach()
     # numpy's DLPack importer knows no bfloat16: move the bits as int16 and relabel them.
     if t.dtype == torch.bfloat16:

@@ -568,7 +568,7 @@ class Engine:
             work = np.empty(shape, spec.dtype)
             entries.append(Entry(np.zeros(shape, spec.dtype), work, work, work))
         work = AllreduceWork(spec, ReduceOp[f["op"]], f["prescale_factor"], f["postscale_factor"],
-                             entries, grouped, getattr(Compression, f["compression"]))
+                             entries, grouped, getattr(Compression, f["compression"]), device=f["device"])
         nbytes = sum(e.src.nbytes for e in entries)
         return Request(f["collective"], name, fields, nbytes, Handle(self, name), allreduce=work)
 
