@@ -8,12 +8,16 @@ from dataclasses import dataclass
 ALGORITHMS = ("auto", "ring", "recursive_doubling", "mpi")
 LOG_LEVELS = ("warning", "info", "debug")
 
-# Messages up to this size take a latency algorithm under FASTRING_ALGORITHM=auto;
-# measured crossover, np=2 (BENCHMARKS.md).
+# Messages up to this size take a latency algorithm under FASTRING_ALGORITHM=auto, and a
+# synchronous allreduce this small travels inside its own negotiation cycle. Measured np=2
+# (BENCHMARKS.md): below it MPI's allreduce and the cycle beat the ring; from 256 KiB up the
+# ring is at least as fast, from 1 MiB faster than MPI.
 SMALL_MESSAGE_BYTES = 64 * 1024
-# The ring receives a segment into a scratch buffer and reduces it while it sits in cache;
-# 256 KiB fits the L2 of the reference machine alongside the destination segment.
-RING_SEGMENT_BYTES = 256 * 1024
+# The ring's reduce-scatter moves and reduces chunks in segments of this size, double
+# buffered. Measured np=2 (BENCHMARKS.md): 1 MiB beats 64-512 KiB at every size from 1 MiB
+# to 256 MiB (fewer MPI round trips; MPICH's shared-memory copies run best on large messages)
+# and beats 8 MiB above 16 MiB (the received segment is still in cache when it is reduced).
+RING_SEGMENT_BYTES = 1024 * 1024
 # Broadcasts above this size on 3 or more ranks take the pipelined chain, in segments of
 # BROADCAST_SEGMENT_BYTES; smaller ones (and all on two ranks) take the binomial tree.
 BROADCAST_CHAIN_BYTES = SMALL_MESSAGE_BYTES

@@ -597,6 +597,22 @@ def copy_bytes(uintptr_t dst, uintptr_t src, size_t nbytes):
     memcpy(<void*> dst, <void*> src, nbytes)
 
 
+def copy_from_array(uintptr_t dst, cnp.ndarray array not None):
+    """Copy a C-contiguous array's bytes to `dst` and return True, or return False (and copy
+    nothing) when the array is not contiguous. One call for the latency path."""
+    if not cnp.PyArray_IS_C_CONTIGUOUS(array):
+        return False
+    memcpy(<void*> dst, cnp.PyArray_DATA(array), cnp.PyArray_NBYTES(array))
+    return True
+
+
+def copy_to_array(cnp.ndarray array not None, uintptr_t src):
+    """Copy as many bytes as a C-contiguous, writeable array holds from `src` into it."""
+    if not (cnp.PyArray_IS_C_CONTIGUOUS(array) and cnp.PyArray_ISWRITEABLE(array)):
+        raise ValueError("copy_to_array needs a C-contiguous, writeable array")
+    memcpy(cnp.PyArray_DATA(array), <void*> src, cnp.PyArray_NBYTES(array))
+
+
 def is_c_contiguous(cnp.ndarray array not None):
     """True when the array's elements are contiguous in C order."""
     return cnp.PyArray_IS_C_CONTIGUOUS(array)

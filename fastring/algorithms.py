@@ -9,6 +9,7 @@ the postscale touch 1/N of the buffer in the ring instead of all of it.
 from __future__ import annotations
 
 import contextlib
+import functools
 from typing import Callable, ContextManager
 
 import numpy as np
@@ -27,9 +28,11 @@ def no_phase(name: str) -> ContextManager:
     return contextlib.nullcontext()
 
 
+@functools.lru_cache(maxsize=256)
 def chunk_offsets(count: int, parts: int, itemsize: int) -> np.ndarray:
     """Byte offsets splitting `count` elements into `parts` chunks, the first count % parts
-    one element longer (the contract's reducescatter layout).
+    one element longer (the contract's reducescatter layout). Cached (training repeats the
+    same sizes), so the array is read-only.
 
     Example:
         >>> chunk_offsets(5, 2, 4).tolist()
@@ -40,6 +43,7 @@ def chunk_offsets(count: int, parts: int, itemsize: int) -> np.ndarray:
     sizes[:extra] += 1
     offsets = np.zeros(parts + 1, np.int64)
     np.cumsum(sizes * itemsize, out=offsets[1:])
+    offsets.flags.writeable = False
     return offsets
 
 

@@ -60,7 +60,7 @@ def _check_op_for_dtype(op: ReduceOp, spec: DtypeSpec) -> None:
 def _allreduce_request(kind: str, tensors: Sequence, outs: Sequence, op, name, compression,
                        prescale_factor, postscale_factor, grouped: bool) -> tuple:
     rt = runtime()
-    compressor = as_compressor(compression)
+    compressor = compression if compression is Compression.none else as_compressor(compression)
     op = as_reduce_op(op)
     prescale = _factor(prescale_factor, "prescale_factor")
     postscale = _factor(postscale_factor, "postscale_factor")
@@ -81,8 +81,8 @@ def _allreduce_request(kind: str, tensors: Sequence, outs: Sequence, op, name, c
         spec = SUPPORTED.get(arrays[0].dtype) or spec_of(arrays[0].dtype)
         shapes = arrays[0].shape
         nbytes = arrays[0].nbytes
-    _check_op_for_dtype(op, spec)
     if not spec.is_float:
+        _check_op_for_dtype(op, spec)
         compressor = Compression.none  # integers and bools travel as they are
     if compressor.error_feedback and name is None:
         raise ValueError(f"{compressor!r} keeps a residual per tensor name; give the tensor a name")

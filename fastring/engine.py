@@ -35,7 +35,7 @@ from ._dtypes import SUPPORTED, DtypeSpec
 from ._errors import FastringError
 from .compression import Compression, Compressor
 from ._ops import KERNEL_OP, ReduceOp
-from ._transport import SPECULATION_FAILED, array_address, copy_bytes, is_c_contiguous
+from ._transport import SPECULATION_FAILED, array_address, copy_from_array, copy_to_array
 from .timeline import Timeline
 
 log = logging.getLogger("fastring")
@@ -44,6 +44,8 @@ HAS_UNCACHED = 1  # some rank has a request the cache does not know (or knows di
 WANT_REPORT = 2   # some rank has waited past FASTRING_STALL_CHECK_TIME: gather everything
 CACHE_CAPACITY = 1 << 14
 HEADER_WORDS = 3
+# Byte offset of the speculative payload in a cycle block with w bit-vector words.
+PAYLOAD_OFFSET = [8 * (HEADER_WORDS + 2 * w) for w in range(CACHE_CAPACITY // 64 + 1)]
 
 
 class Handle:
@@ -179,6 +181,7 @@ class Engine:
         self._bits_dirty = True  # bit words in the cycle block may be nonzero
         self._clean_words = 0    # ...unless this many words were left zero by a clean cycle
         self._stall_check_time = self.config.stall_check_time
+        self._transport = rt.transport
         self._stall_reporter = _StallReporter([], self.config.stall_shutdown_time)
         self._block = np.empty(0, np.uint64)
         self._block_tmp = np.empty(0, np.uint64)
@@ -244,10 +247,7 @@ class Engine:
             try:
                 if not self._pending and not self._keep_cycling:
                     req.signature_hash = self._signature_hash(req.name, req.fields)
-                    if _carries_payload(req) and len(req.allreduce.entries) == 1:
-                        self._lone_allreduce(req)
-                    else:
-                        self._cycle([req], lone=True)
+                    self._lone_cycle(req)
             except BaseException as e:  # noqa: BLE001 - delivered to every waiter
                 self._fail_all(e)
                 if not req.handle._done:
@@ -335,11 +335,9 @@ class Engine:
         for r in pending:
             r.handle._finish(error=error if isinstance(error, FastringError) else FastringError(str(error)))
 
-    def _lone_allreduce(self, req: Request) -> None:
-        """`_cycle([req], lone=True)` for a single small allreduce, written out: the latency
-        of every synchronous small allreduce is this function."""
-        work = req.allreduce
-        e = work.entries[0]
+    def _lone_cycle(self, req: Request) -> None:
+        """One cycle proposing `req` (not queued) when nothing else is queued here: the
+        commonest case, whose cost is the latency of every synchronous collective."""
         words = self._words
         header = self._header
         if words and (self._bits_dirty or words != self._clean_words):
@@ -348,22 +346,21 @@ class Engine:
         self._clean_words = words
         header[0] = 0
         header[1] = h = req.signature_hash
-        header[2] = req.nbytes
-        size = self.rt.size
-        if work.prescale == 1.0 and not _predivides(work, size) and is_c_contiguous(e.src):
-            copy_bytes(self._payload_address(words), array_address(e.src), req.nbytes)
-        else:
-            _pack(work, self._payload(words, req.nbytes, work.spec.dtype), size)
-        reduce_fn, itemsize = self._spec_reduce(req)
+        payload = self._write_payload(req, words)
+        reduce_fn, itemsize = self._spec_reduce(req) if payload else (0, 1)
         self._stall_reporter.pending = [req]
-        outcome = self.rt.transport.cycle_exchange(
+        outcome = self._transport.cycle_exchange(
             self._block_address, words, SMALL_MESSAGE_BYTES, self._block_tmp_address, reduce_fn,
             itemsize, self._stall_check_time, self._stall_reporter)
         # A clean outcome leaves every bit word zero (nothing ready, nothing left over).
         self._bits_dirty = bool(outcome[2] or outcome[3])
         if outcome[1] == h and not (outcome[0] or outcome[2] or outcome[3]):
+            self._speculate, self._keep_cycling = True, False
             self._remember(req.name, req.fields)
-            self._finish_speculation(req, words)
+            if payload:
+                self._finish_speculation(req, words)
+            else:
+                self._execute([req])
             return
         if outcome[1] != h:
             req.submitted = time.monotonic()
@@ -373,12 +370,10 @@ class Engine:
         self._after_exchange(outcome, words, [req], {}, req)
 
     # ----------------------------------------------------------------- one cycle
-    def _cycle(self, pending: list[Request] | None = None, lone: bool = False) -> None:
-        """One negotiation cycle over `pending` (default: the queue). With `lone`, the only
-        request is not queued yet; it is queued if the ranks do not agree on it."""
-        if pending is None:
-            with self._queue_lock:
-                pending = list(self._pending.values())
+    def _cycle(self) -> None:
+        """One negotiation cycle over the queued requests."""
+        with self._queue_lock:
+            pending = list(self._pending.values())
         words = self._words
         spec_req = pending[0] if self._speculate and pending else None
         cached = self._write_header(pending, spec_req, words)
@@ -388,11 +383,6 @@ class Engine:
                 self._block_address, words, SMALL_MESSAGE_BYTES, self._block_tmp_address,
                 *self._spec_reduce(spec_req), self._stall_check_time, self._stall_reporter)
         self._bits_dirty = True
-        if lone and outcome[1] != spec_req.signature_hash:
-            spec_req.submitted = time.monotonic()
-            spec_req.next_report = spec_req.submitted + self._stall_interval(0.0)
-            with self._queue_lock:
-                self._pending[spec_req.name] = spec_req
         self._after_exchange(outcome, words, pending, cached, spec_req)
 
     def _write_header(self, pending: list[Request], spec_req, words: int) -> dict[int, Request]:
@@ -425,18 +415,21 @@ class Engine:
             header[1] = header[2] = 0
             return cached
         header[1] = spec_req.signature_hash
-        work = spec_req.allreduce
-        if not _carries_payload(spec_req):
-            header[2] = 0
-            return cached
-        header[2] = spec_req.nbytes
-        e = work.entries[0]
-        if len(work.entries) == 1 and work.prescale == 1.0 and not _predivides(work, self.rt.size) \
-                and is_c_contiguous(e.src):
-            copy_bytes(self._payload_address(words), array_address(e.src), spec_req.nbytes)
-        else:
-            _pack(work, self._payload(words, spec_req.nbytes, work.spec.dtype), self.rt.size)
+        self._write_payload(spec_req, words)
         return cached
+
+    def _write_payload(self, req: Request, words: int) -> bool:
+        """Header word 2 and the payload of the speculative request: its bytes when it is a
+        small host allreduce (prescaled, packed), else nothing. Returns whether it has one."""
+        if not _carries_payload(req):
+            self._header[2] = 0
+            return False
+        self._header[2] = req.nbytes
+        work = req.allreduce
+        if not (len(work.entries) == 1 and work.prescale == 1.0 and not _predivides(work, self.rt.size)
+                and copy_from_array(self._block_address + PAYLOAD_OFFSET[words], work.entries[0].src)):
+            _pack(work, self._payload(words, req.nbytes, work.spec.dtype), self.rt.size)
+        return True
 
     def _after_exchange(self, outcome: tuple, words: int, pending: list[Request],
                         cached: dict[int, Request], spec_req) -> None:
@@ -490,9 +483,6 @@ class Engine:
             self._header = memoryview(self._block).cast("B").cast("Q")
         return words
 
-    def _payload_address(self, words: int) -> int:
-        return self._block_address + 8 * (HEADER_WORDS + 2 * words)
-
     def _payload(self, words: int, nbytes: int, dtype) -> np.ndarray:
         start = HEADER_WORDS + 2 * words
         return self._block[start:].view(np.uint8)[:nbytes].view(dtype)
@@ -513,8 +503,8 @@ class Engine:
         """The cycle reduced `req`'s payload: finalize it and hand it out."""
         work = req.allreduce
         e = work.entries[0]
-        if len(work.entries) == 1 and _finalizer(work, self.rt.size) is None and e.target is e.work:
-            copy_bytes(array_address(e.work), self._payload_address(words), req.nbytes)
+        if len(work.entries) == 1 and e.target is e.work and _finalizer(work, self.rt.size) is None:
+            copy_to_array(e.work, self._block_address + PAYLOAD_OFFSET[words])
             self._complete(req, [e.result] if work.grouped else e.result)
             return
         flat = self._payload(words, req.nbytes, work.spec.dtype)

@@ -12,6 +12,26 @@ import threading
 import time
 
 
+_NOT_RECORDING = contextlib.nullcontext()
+
+
+class _Span:
+    __slots__ = ("timeline", "names", "phase", "start")
+
+    def __init__(self, timeline: "Timeline", names, phase: str):
+        self.timeline, self.names, self.phase = timeline, names, phase
+
+    def __enter__(self):
+        self.start = self.timeline._now_us()
+
+    def __exit__(self, *exc) -> None:
+        t = self.timeline
+        end = t._now_us()
+        with t._lock:
+            for name in [self.names] if isinstance(self.names, str) else self.names:
+                t._add(name, self.phase, self.start, end)
+
+
 class Timeline:
     """Collects events while recording; `close()` writes the file (collective over ranks).
 
@@ -74,20 +94,12 @@ class Timeline:
                 if start is not None:
                     self._add(name, phase, start, self._now_us())
 
-    @contextlib.contextmanager
     def span(self, names, phase: str):
-        """Record `phase` for one tensor name or a list of them (a fused batch)."""
+        """A context manager recording `phase` for one tensor name or a list of them (a
+        fused batch); a shared no-op while not recording, since it sits on hot paths."""
         if self._path is None or not names:
-            yield
-            return
-        start = self._now_us()
-        try:
-            yield
-        finally:
-            end = self._now_us()
-            with self._lock:
-                for name in [names] if isinstance(names, str) else names:
-                    self._add(name, phase, start, end)
+            return _NOT_RECORDING
+        return _Span(self, names, phase)
 
     def instant(self, phase: str) -> None:
         pass  # cycles are not drawn: a busy job runs thousands of them
