@@ -105,6 +105,16 @@ class AllreduceWork:
     grouped: bool  # the handle returns a list
     compression: Compressor = Compression.none
     device: str = "cpu"  # "cuda": entries hold device arrays, reduced by fastring/device.py
+    block: np.ndarray | None = None  # flat buffer that the entries' work arrays tile, if any
+
+    def own_buffer(self) -> np.ndarray | None:
+        """The contiguous buffer this request can be reduced in without a fusion buffer:
+        its block, or its single entry's work array; None if it must be packed."""
+        if self.block is not None:
+            return self.block
+        if len(self.entries) == 1:
+            return self.entries[0].work.reshape(-1)
+        return None
 
     def key(self) -> tuple:
         return (self.spec.name, int(self.op), self.prescale, self.postscale, self.compression.name,
@@ -666,18 +676,20 @@ class Engine:
             return
         rt = self.rt
         names = [r.name for r in batch]
-        if len(batch) == 1 and len(work.entries) == 1 and work.entries[0].work.dtype == work.accumulator:
-            e = work.entries[0]
-            flat = e.work.reshape(-1)
+        own = work.own_buffer() if len(batch) == 1 else None
+        if own is not None and own.dtype == work.accumulator:
             with self.timeline.span(names, "pack"):
-                if e.src is not e.work:
-                    np.copyto(e.work, e.src)
-                _prescale(work, flat, rt.size)
-                self._feed_back_error(batch[0], flat)
-            self._reduce(names, flat, work)
-            if e.target is not e.work:
-                np.copyto(e.target, e.work)
-            self._complete(batch[0], e.result)
+                for e in work.entries:
+                    if e.src is not e.work:
+                        np.copyto(e.work, e.src)
+                _prescale(work, own, rt.size)
+                self._feed_back_error(batch[0], own)
+            self._reduce(names, own, work)
+            for e in work.entries:
+                if e.target is not e.work:
+                    np.copyto(e.target, e.work)
+            results = [e.result for e in work.entries]
+            self._complete(batch[0], results if work.grouped else results[0])
             return
         acc = work.accumulator
         counts = [r.nbytes // work.spec.dtype.itemsize for r in batch]
