@@ -362,6 +362,7 @@ class Engine:
         outcome = self._transport.cycle_exchange(
             self._block_address, words, SMALL_MESSAGE_BYTES, self._block_tmp_address, reduce_fn,
             itemsize, self._stall_check_time, self._stall_reporter)
+        self._stall_reporter.pending = ()  # holds no request (nor its buffers) past the cycle
         # A clean outcome leaves every bit word zero (nothing ready, nothing left over).
         self._bits_dirty = bool(outcome[2] or outcome[3])
         if outcome[1] == h and not (outcome[0] or outcome[2] or outcome[3]):
@@ -392,6 +393,7 @@ class Engine:
             outcome = self.rt.transport.cycle_exchange(
                 self._block_address, words, SMALL_MESSAGE_BYTES, self._block_tmp_address,
                 *self._spec_reduce(spec_req), self._stall_check_time, self._stall_reporter)
+        self._stall_reporter.pending = ()
         self._bits_dirty = True
         self._after_exchange(outcome, words, pending, cached, spec_req)
 
@@ -679,9 +681,11 @@ class Engine:
         own = work.own_buffer() if len(batch) == 1 else None
         if own is not None and own.dtype == work.accumulator:
             with self.timeline.span(names, "pack"):
-                for e in work.entries:
-                    if e.src is not e.work:
-                        np.copyto(e.work, e.src)
+                if work.block is not None:
+                    # one memcpy-speed call; a loop of np.copyto costs twice as much at 100 tensors
+                    np.concatenate([e.src.reshape(-1) for e in work.entries], out=own)
+                elif work.entries[0].src is not work.entries[0].work:
+                    np.copyto(work.entries[0].work, work.entries[0].src)
                 _prescale(work, own, rt.size)
                 self._feed_back_error(batch[0], own)
             self._reduce(names, own, work)
@@ -693,10 +697,7 @@ class Engine:
             return
         acc = work.accumulator
         counts = [r.nbytes // work.spec.dtype.itemsize for r in batch]
-        total = sum(counts) * acc.itemsize
-        if self._fusion.nbytes < total:
-            self._fusion = np.empty(total, np.uint8)
-        flat = self._fusion[:total].view(acc)
+        flat = self._fusion_view(sum(counts), acc)
         with self.timeline.span(names, "pack"):
             offset = 0
             for r, n in zip(batch, counts):
@@ -708,6 +709,13 @@ class Engine:
         for r, n in zip(batch, counts):
             self._unpack_and_finish(r, flat[offset:offset + n])
             offset += n
+
+    def _fusion_view(self, count: int, dtype: np.dtype) -> np.ndarray:
+        """The persistent fusion buffer as `count` elements of `dtype` (grown, never shrunk)."""
+        nbytes = count * dtype.itemsize
+        if self._fusion.nbytes < nbytes:
+            self._fusion = np.empty(nbytes, np.uint8)
+        return self._fusion[:nbytes].view(dtype)
 
     def _reduce(self, names, flat: np.ndarray, work: AllreduceWork) -> None:
         finalize = _finalizer(work, self.rt.size) or _nothing
