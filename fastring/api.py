@@ -3,12 +3,11 @@ engine; the synchronous form is the asynchronous one plus a wait."""
 from __future__ import annotations
 
 import numbers
-import sys
 from typing import Sequence
 
 import numpy as np
 
-from . import device
+from . import _pool, device
 from ._dtypes import SUPPORTED, DtypeSpec, spec_of
 from ._ops import OP_NAMES, ReduceOp, as_reduce_op
 from ._runtime import runtime
@@ -38,7 +37,7 @@ def _name(name) -> str | None:
 def _entry(tensor, arr: np.ndarray, out) -> Entry:
     """Where one tensor's allreduce reads, works and writes; nothing is copied until it runs."""
     if out is None:
-        work = np.empty(arr.shape, arr.dtype)
+        work = _pool.empty(arr.shape, arr.dtype)
         return Entry(arr, work, work, like(tensor, work))
     target = arr if out is tensor else as_array(out, "out")
     if target.shape != arr.shape:
@@ -53,38 +52,10 @@ def _entry(tensor, arr: np.ndarray, out) -> Entry:
     return Entry(arr, np.empty(arr.shape, arr.dtype), target, out)
 
 
-class _BlockPool:
-    """Result blocks of grouped allreduces, reused once nothing references them any more.
-
-    Training repeats the same group every step; a fresh block each time costs a page fault
-    per 4 KiB on first touch, about as much as the reduction itself. A block is handed out
-    again only when its reference count shows that no result view (or tensor made from one)
-    is alive, so results a caller holds are never overwritten.
-    """
-
-    PER_SIZE = 4
-
-    def __init__(self):
-        self._blocks: dict[tuple, list[np.ndarray]] = {}
-
-    def take(self, count: int, dtype) -> np.ndarray:
-        blocks = self._blocks.setdefault((count, np.dtype(dtype)), [])
-        for block in blocks:
-            if sys.getrefcount(block) == 3:  # this list, `block`, getrefcount's argument
-                return block
-        block = np.empty(count, dtype)
-        if len(blocks) < self.PER_SIZE:
-            blocks.append(block)
-        return block
-
-
-_blocks = _BlockPool()
-
-
 def _grouped_entries(tensors, arrays: list[np.ndarray], dtype) -> tuple[list[Entry], np.ndarray]:
     """A group's results are views into one block, which the engine reduces in place: no
     fusion-buffer copy and no unpacking."""
-    block = _blocks.take(sum(a.size for a in arrays), dtype)
+    block = _pool.empty((sum(a.size for a in arrays),), dtype)
     entries, offset = [], 0
     for t, a in zip(tensors, arrays):
         view = block[offset:offset + a.size].reshape(a.shape)

@@ -25,7 +25,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from . import kernels
+from . import _pool, kernels
 from ._config import BROADCAST_CHAIN_BYTES, BROADCAST_SEGMENT_BYTES, RING_SEGMENT_BYTES
 from ._dtypes import DtypeSpec, spec_of
 from ._errors import FastringError
@@ -121,7 +121,7 @@ def _allgather_request(tensor, name) -> tuple[Engine, Request]:
 
     def execute(rt: Runtime):
         counts = _gather_counts(rt, arr.shape[0])
-        out = np.empty((int(counts.sum()),) + arr.shape[1:], arr.dtype)
+        out = _pool.empty((int(counts.sum()),) + arr.shape[1:], arr.dtype)
         _allgather_rows(rt, arr, counts, out)
         return like(tensor, out)
 
@@ -257,7 +257,7 @@ def _alltoall_request(tensor, splits, name) -> tuple[Engine, Request]:
         recv_rows = np.empty(rt.size, np.int64)
         unit = _offsets(np.ones(rt.size, np.int64), 8)
         pairwise_alltoall(rt.transport, array_address(send_rows), unit, array_address(recv_rows), unit)
-        out = np.empty((int(recv_rows.sum()),) + arr.shape[1:], arr.dtype)
+        out = _pool.empty((int(recv_rows.sum()),) + arr.shape[1:], arr.dtype)
         row_bytes = _row_bytes(arr)
         if row_bytes:  # equal on every rank: the trailing shape is negotiated
             src = arr if is_c_contiguous(arr) else np.ascontiguousarray(arr[:int(send_rows.sum())])
@@ -324,7 +324,7 @@ def _reducescatter_request(tensor, op, name, prescale_factor, postscale_factor) 
         itemsize = spec.dtype.itemsize
         offsets = chunk_offsets(arr.shape[0], rt.size, _row_bytes(arr))
         rows = chunk_offsets(arr.shape[0], rt.size, 1)
-        out = np.empty((int(rows[rt.rank + 1] - rows[rt.rank]),) + arr.shape[1:], arr.dtype)
+        out = _pool.empty((int(rows[rt.rank + 1] - rows[rt.rank]),) + arr.shape[1:], arr.dtype)
         largest = int(np.diff(offsets).max())
         segment = max(itemsize, RING_SEGMENT_BYTES - RING_SEGMENT_BYTES % itemsize)
         # Scratch: two chunks for the ring, then (when the input must be scaled first) a copy
