@@ -261,7 +261,7 @@ cdef class Transport:
     def ring_reduce_scatter_wire(self, uintptr_t acc, uintptr_t wire, const int64_t[::1] offsets,
                                  uintptr_t tmp, int64_t segment_elems, uintptr_t encode_fn,
                                  uintptr_t accumulate_fn, uintptr_t accumulate_last_fn,
-                                 int64_t acc_itemsize, int tag=5):
+                                 int64_t acc_itemsize, int tag=9):
         """Reduce-scatter whose messages travel as 16-bit values while every rank accumulates
         in `acc` (float32 or float64). Chunk c is acc[offsets[c]:offsets[c+1]] (elements);
         `wire` holds as many uint16 elements as `acc`, `tmp` `segment_elems` of them. After
@@ -285,6 +285,14 @@ cdef int _sendrecv(MPI_Comm comm, char* send, MPI_Count send_nbytes, int dest,
                                      comm, mpi.MPI_STATUS_IGNORE))
 
 
+cdef inline int64_t _largest_chunk(const int64_t* offsets, int size) noexcept nogil:
+    cdef int64_t largest = 0
+    cdef int c
+    for c in range(size):
+        largest = max(largest, offsets[c + 1] - offsets[c])
+    return largest
+
+
 cdef inline int64_t _mod(int64_t a, int64_t n) noexcept nogil:
     return ((a % n) + n) % n
 
@@ -304,14 +312,11 @@ cdef int _ring_reduce_scatter(MPI_Comm comm, int rank, int size, char* buf,
     cdef int right = (rank + 1) % size
     cdef int left = (rank + size - 1) % size
     cdef int64_t largest = 0, step, seg, segments, send_c, recv_c, lo, hi
-    cdef int c
     cdef MPI_Request reqs[4]
     cdef char* halves[2]
     halves[0] = tmp
     halves[1] = tmp + segment_bytes
-    for c in range(size):
-        if offsets[c + 1] - offsets[c] > largest:
-            largest = offsets[c + 1] - offsets[c]
+    largest = _largest_chunk(offsets, size)
     # Chunks differ in length by at most a few elements; every rank walks the same number of
     # segments (some possibly empty) so that each exchange has its partner.
     segments = (largest + segment_bytes - 1) // segment_bytes
@@ -353,13 +358,10 @@ cdef int _ring_reduce_scatter_wire(MPI_Comm comm, int rank, int size, char* acc,
     cdef int left = (rank + size - 1) % size
     cdef int64_t largest = 0, step, seg, segments, send_c, recv_c, first
     cdef int64_t s_lo, s_hi, r_lo, r_hi
-    cdef int c
     cdef bint last
     if size < 2:
         return 0
-    for c in range(size):
-        if offsets[c + 1] - offsets[c] > largest:
-            largest = offsets[c + 1] - offsets[c]
+    largest = _largest_chunk(offsets, size)
     segments = (largest + segment - 1) // segment
     # Only the first chunk sent is this rank's own data alone; every later one is encoded by
     # the fused step that produced it.
@@ -788,10 +790,7 @@ cdef int _ring_reduce_scatter_into(MPI_Comm comm, int rank, int size, const char
     cdef int64_t largest = 0, step, seg, segments, send_c, recv_c, s_len, r_len, s_hi, r_hi, lo
     cdef const char* send_base
     cdef char* recv_base
-    cdef int c
-    for c in range(size):
-        if offsets[c + 1] - offsets[c] > largest:
-            largest = offsets[c + 1] - offsets[c]
+    largest = _largest_chunk(offsets, size)
     segments = (largest + segment_bytes - 1) // segment_bytes
     for step in range(size - 1):
         send_c = _mod(rank - step - 1, size)
