@@ -778,13 +778,42 @@ def ring_reduce_scatter_into(Transport t, uintptr_t src, const int64_t[::1] offs
         else:
             _ring_reduce_scatter_into(t.comm, t.rank, t.size, <const char*> src, &offsets[0],
                                       <char*> out, <char*> work, segment_bytes,
-                                      <reduce_fn_t> reduce_fn, itemsize, tag)
+                                      <reduce_fn_t> reduce_fn, itemsize, False, tag)
+
+
+def ring_reduce_scatter_to(Transport t, uintptr_t src, const int64_t[::1] offsets, uintptr_t dst,
+                           int64_t segment_bytes, uintptr_t reduce_fn, int64_t itemsize, int tag=10):
+    """Reduce-scatter from `src` into the same-sized `dst`, leaving `src` untouched: an
+    out-of-place allreduce needs no copy of its input. Chunks are received straight into
+    `dst` and this rank's input is reduced into them; afterwards chunk `rank` of `dst` holds
+    the reduction over all ranks (the others partial sums, for the allgather to overwrite).
+
+    Example:
+        >>> import numpy as np
+        >>> from mpi4py import MPI
+        >>> t = Transport(MPI.COMM_WORLD); a = np.ones(3); o = np.zeros(3)
+        >>> ring_reduce_scatter_to(t, a.ctypes.data, np.array([0, 24]), o.ctypes.data, 8, 0, 8)
+        >>> o.tolist()
+        [1.0, 1.0, 1.0]
+    """
+    _check_offsets(t, offsets, "offsets")
+    if segment_bytes < itemsize or segment_bytes % itemsize:
+        raise ValueError(f"segment_bytes {segment_bytes} must be a positive multiple of {itemsize}")
+    with nogil:
+        if t.size == 1:
+            memcpy(<void*> dst, <void*> src, offsets[1] - offsets[0])
+        else:
+            _ring_reduce_scatter_into(t.comm, t.rank, t.size, <const char*> src, &offsets[0],
+                                      <char*> dst, NULL, segment_bytes, <reduce_fn_t> reduce_fn,
+                                      itemsize, True, tag)
 
 
 cdef int _ring_reduce_scatter_into(MPI_Comm comm, int rank, int size, const char* src,
                                    const int64_t* offsets, char* out, char* work,
                                    int64_t segment_bytes, reduce_fn_t reduce, int64_t itemsize,
-                                   int tag) except -1 nogil:
+                                   bint full_dst, int tag) except -1 nogil:
+    # full_dst: `out` is as large as `src` and every chunk passes through its own place
+    # there; otherwise `out` holds only this rank's chunk and `work` two chunks in turn.
     cdef int right = (rank + 1) % size
     cdef int left = (rank + size - 1) % size
     cdef int64_t largest = 0, step, seg, segments, send_c, recv_c, s_len, r_len, s_hi, r_hi, lo
@@ -796,8 +825,12 @@ cdef int _ring_reduce_scatter_into(MPI_Comm comm, int rank, int size, const char
         send_c = _mod(rank - step - 1, size)
         recv_c = _mod(rank - step - 2, size)   # at the last step, this rank's own chunk
         # Step 0 sends an untouched input chunk; later steps forward what the previous received.
-        send_base = src + offsets[send_c] if step == 0 else work + ((step - 1) % 2) * largest
-        recv_base = out if step == size - 2 else work + (step % 2) * largest
+        if full_dst:
+            send_base = src + offsets[send_c] if step == 0 else out + offsets[send_c]
+            recv_base = out + offsets[recv_c]
+        else:
+            send_base = src + offsets[send_c] if step == 0 else work + ((step - 1) % 2) * largest
+            recv_base = out if step == size - 2 else work + (step % 2) * largest
         s_len = offsets[send_c + 1] - offsets[send_c]
         r_len = offsets[recv_c + 1] - offsets[recv_c]
         for seg in range(segments):

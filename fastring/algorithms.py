@@ -17,7 +17,7 @@ import numpy as np
 from . import kernels
 from ._config import RING_SEGMENT_BYTES, SMALL_MESSAGE_BYTES
 from ._dtypes import DtypeSpec
-from ._transport import array_address
+from ._transport import array_address, ring_reduce_scatter_to
 from ._ops import KERNEL_OP, MPI_BOOL_OP, MPI_OP, ReduceOp
 
 Finalize = Callable[[np.ndarray], None]
@@ -110,15 +110,21 @@ class Ring:
 
     @staticmethod
     def run(rt, flat: np.ndarray, spec: DtypeSpec, op: ReduceOp, finalize: Finalize,
-            phase: Phase = no_phase) -> None:
+            phase: Phase = no_phase, src: np.ndarray | None = None) -> None:
+        """Reduce `flat` in place, or, given a C-contiguous `src` of the same size, reduce
+        `src` into `flat` without copying it there first."""
         itemsize = spec.dtype.itemsize
         offsets = chunk_offsets(flat.size, rt.size, itemsize)
+        segment = max(itemsize, RING_SEGMENT_BYTES - RING_SEGMENT_BYTES % itemsize)
+        reduce_fn = kernels.reduce_cfunc(KERNEL_OP[op], spec.dtype)
         with phase("reduce-scatter"):
-            if rt.size > 1:
-                segment = max(itemsize, RING_SEGMENT_BYTES - RING_SEGMENT_BYTES % itemsize)
+            if src is not None:
+                ring_reduce_scatter_to(rt.transport, array_address(src), offsets, array_address(flat),
+                                       segment, reduce_fn, itemsize)
+            elif rt.size > 1:
                 tmp = rt.scratch(2 * segment)
                 rt.transport.ring_reduce_scatter(array_address(flat), offsets, array_address(tmp), segment,
-                                                 kernels.reduce_cfunc(KERNEL_OP[op], spec.dtype), itemsize)
+                                                 reduce_fn, itemsize)
             lo, hi = offsets[rt.rank] // itemsize, offsets[rt.rank + 1] // itemsize
             finalize(flat[lo:hi])
         with phase("allgather"):

@@ -35,7 +35,8 @@ from ._dtypes import SUPPORTED, DtypeSpec
 from ._errors import FastringError
 from .compression import Compression, Compressor
 from ._ops import KERNEL_OP, ReduceOp
-from ._transport import SPECULATION_FAILED, array_address, copy_from_array, copy_to_array
+from ._transport import (SPECULATION_FAILED, array_address, copy_from_array, copy_to_array,
+                         is_c_contiguous)
 from .timeline import Timeline
 
 log = logging.getLogger("fastring")
@@ -680,15 +681,20 @@ class Engine:
         names = [r.name for r in batch]
         own = work.own_buffer() if len(batch) == 1 else None
         if own is not None and own.dtype == work.accumulator:
-            with self.timeline.span(names, "pack"):
-                if work.block is not None:
-                    # one memcpy-speed call; a loop of np.copyto costs twice as much at 100 tensors
-                    np.concatenate([e.src.reshape(-1) for e in work.entries], out=own)
-                elif work.entries[0].src is not work.entries[0].work:
-                    np.copyto(work.entries[0].work, work.entries[0].src)
-                _prescale(work, own, rt.size)
-                self._feed_back_error(batch[0], own)
-            self._reduce(names, own, work)
+            src = self._ring_source(work, own)
+            if src is not None:
+                # the ring reads the input where it is: no copy into the output first
+                self._reduce(names, own, work, src)
+            else:
+                with self.timeline.span(names, "pack"):
+                    if work.block is not None:
+                        # one memcpy-speed call; a loop of np.copyto costs twice as much at 100 tensors
+                        np.concatenate([e.src.reshape(-1) for e in work.entries], out=own)
+                    elif work.entries[0].src is not work.entries[0].work:
+                        np.copyto(work.entries[0].work, work.entries[0].src)
+                    _prescale(work, own, rt.size)
+                    self._feed_back_error(batch[0], own)
+                self._reduce(names, own, work)
             for e in work.entries:
                 if e.target is not e.work:
                     np.copyto(e.target, e.work)
@@ -717,14 +723,29 @@ class Engine:
             self._fusion = np.empty(nbytes, np.uint8)
         return self._fusion[:nbytes].view(dtype)
 
-    def _reduce(self, names, flat: np.ndarray, work: AllreduceWork) -> None:
+    def _ring_source(self, work: AllreduceWork, own: np.ndarray) -> np.ndarray | None:
+        """The input a lone allreduce can be reduced from straight into its output (the ring
+        reads it in place), or None when it must be copied (and scaled) into the output."""
+        e = work.entries[0]
+        if (len(work.entries) != 1 or e.src is e.work or work.prescale != 1.0
+                or work.compression.wire is not None or _predivides(work, self.rt.size)
+                or not is_c_contiguous(e.src)
+                or algorithms.choose(self.config.algorithm, own.nbytes, work.spec) is not algorithms.Ring):
+            return None
+        return e.src.reshape(-1)
+
+    def _reduce(self, names, flat: np.ndarray, work: AllreduceWork,
+                src: np.ndarray | None = None) -> None:
         finalize = _finalizer(work, self.rt.size) or _nothing
         phase = lambda name: self.timeline.span(names, name)  # noqa: E731
         if work.compression.wire is not None:
             algorithms.CompressedRing.run(self.rt, flat, work.compression.wire, work.op, finalize, phase)
             return
         algorithm = algorithms.choose(self.config.algorithm, flat.nbytes, work.spec)
-        algorithm.run(self.rt, flat, work.spec, work.op, finalize, phase)
+        if src is not None:
+            algorithm.run(self.rt, flat, work.spec, work.op, finalize, phase, src=src)
+        else:
+            algorithm.run(self.rt, flat, work.spec, work.op, finalize, phase)
 
     def _feed_back_error(self, req: Request, flat: np.ndarray) -> None:
         """Error feedback: add what this name lost to 16-bit rounding last time, and keep
