@@ -630,6 +630,14 @@ cdef inline int _check_offsets(Transport t, const int64_t[::1] offsets, str what
     return 0
 
 
+cdef int _check_ring_args(Transport t, const int64_t[::1] offsets, int64_t segment_bytes,
+                          int64_t itemsize) except -1:
+    _check_offsets(t, offsets, "offsets")
+    if segment_bytes < itemsize or segment_bytes % itemsize:
+        raise ValueError(f"segment_bytes {segment_bytes} must be a positive multiple of {itemsize}")
+    return 0
+
+
 def pairwise_alltoall(Transport t, uintptr_t send, const int64_t[::1] send_offsets,
                       uintptr_t recv, const int64_t[::1] recv_offsets, int tag=5):
     """Alltoall by pairwise exchange: block c of `send` (bytes send_offsets[c]..[c+1]) goes to
@@ -769,9 +777,7 @@ def ring_reduce_scatter_into(Transport t, uintptr_t src, const int64_t[::1] offs
         >>> o.tolist()
         [1.0, 1.0, 1.0]
     """
-    _check_offsets(t, offsets, "offsets")
-    if segment_bytes < itemsize or segment_bytes % itemsize:
-        raise ValueError(f"segment_bytes {segment_bytes} must be a positive multiple of {itemsize}")
+    _check_ring_args(t, offsets, segment_bytes, itemsize)
     with nogil:
         if t.size == 1:
             memcpy(<void*> out, <void*> src, offsets[1] - offsets[0])
@@ -796,9 +802,7 @@ def ring_reduce_scatter_to(Transport t, uintptr_t src, const int64_t[::1] offset
         >>> o.tolist()
         [1.0, 1.0, 1.0]
     """
-    _check_offsets(t, offsets, "offsets")
-    if segment_bytes < itemsize or segment_bytes % itemsize:
-        raise ValueError(f"segment_bytes {segment_bytes} must be a positive multiple of {itemsize}")
+    _check_ring_args(t, offsets, segment_bytes, itemsize)
     with nogil:
         if t.size == 1:
             memcpy(<void*> dst, <void*> src, offsets[1] - offsets[0])
