@@ -265,7 +265,9 @@ class Engine:
                     req.handle._finish(error=e)
             finally:
                 self._cycle_lock.release()
-        if not req.handle._done and req.name not in self._pending:
+        # Queue it unless the lone cycle already did; submit() refuses a name another request
+        # holds in flight.
+        if not req.handle._done and self._pending.get(req.name) is not req:
             self.submit(req, background=False)
         return req.handle.wait()
 

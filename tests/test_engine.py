@@ -67,6 +67,8 @@ def test_duplicate_name_in_flight_single_rank():
         h = fastring.allreduce_async(np.ones(2), name="twice")
         with pytest.raises(ValueError, match="twice"):
             fastring.allreduce_async(np.ones(2), name="twice")
+        with pytest.raises(ValueError, match="twice"):  # the synchronous form too, not a hang
+            fastring.allreduce(np.ones(2), name="twice")
     assert h.wait().tolist() == [1.0, 1.0]
 
 
