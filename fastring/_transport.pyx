@@ -594,11 +594,6 @@ cdef int _cycle_allreduce(_Cycle* cyc, int rank, int size, char* block, char* tm
     return 0
 
 
-def copy_bytes(uintptr_t dst, uintptr_t src, size_t nbytes):
-    """memcpy between two addresses (the GIL is kept: used on small buffers only)."""
-    memcpy(<void*> dst, <void*> src, nbytes)
-
-
 def copy_from_array(uintptr_t dst, cnp.ndarray array not None):
     """Copy a C-contiguous array's bytes to `dst` and return True, or return False (and copy
     nothing) when the array is not contiguous. One call for the latency path."""

@@ -101,9 +101,6 @@ class Timeline:
             return _NOT_RECORDING
         return _Span(self, names, phase)
 
-    def instant(self, phase: str) -> None:
-        pass  # cycles are not drawn: a busy job runs thousands of them
-
     def stop(self) -> None:
         """Gather every rank's events to rank 0 and write the file. Collective."""
         with self._lock:
