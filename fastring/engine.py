@@ -254,7 +254,8 @@ class Engine:
         disagree does the request join the queue like any other.
         """
         if (not self._pending and not self._keep_cycling and self._speculate and self._broken is None
-                and self._join_handle is None and not self.timeline.recording and self._cycle_lock.acquire(blocking=False)):
+                and self._join_handle is None and not self.timeline.recording
+                and self._cycle_lock.acquire(blocking=False)):
             try:
                 if not self._pending and not self._keep_cycling:
                     req.signature_hash = self._signature_hash(req.name, req.fields)
