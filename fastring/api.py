@@ -69,6 +69,38 @@ def _check_op_for_dtype(op: ReduceOp, spec: DtypeSpec) -> None:
         raise TypeError("Average is not defined for bool tensors; use Sum (logical or) or Min/Max")
 
 
+def _fields(kind: str, spec: DtypeSpec, shapes: tuple, op: ReduceOp, prescale: float,
+            postscale: float, compressor: Compressor) -> tuple:
+    """What must be equal on every rank for an allreduce under one name."""
+    return (("collective", kind), ("dtype", spec.name), ("shape", shapes), ("op", OP_NAMES[op]),
+            ("prescale_factor", prescale), ("postscale_factor", postscale), ("device", "cpu"),
+            ("compression", compressor.name))
+
+
+# (dtype, shape, op) -> fields of a plain small numpy allreduce, for _lone_allreduce
+_PLAIN_FIELDS: dict[tuple, tuple] = {}
+
+
+def _lone_allreduce(arr: np.ndarray, op: ReduceOp, name: str | None, in_place: bool):
+    """The latency path of a plain (no compression, no scale factors) small numpy
+    allreduce: the engine runs it without building a Request when nothing else is queued.
+    Returns None where the general path must take the call (it also raises any errors)."""
+    key = (arr.dtype, arr.shape, op)
+    fields = _PLAIN_FIELDS.get(key)
+    if fields is None:
+        spec = SUPPORTED.get(arr.dtype)
+        if spec is None or (op == ReduceOp.Average and (spec.name == "bool" or spec.is_16bit_float)):
+            return None  # an error, or Average's division before the sum
+        fields = _fields("allreduce", spec, arr.shape, op, 1.0, 1.0, Compression.none)
+        if len(_PLAIN_FIELDS) < 1024:
+            _PLAIN_FIELDS[key] = fields
+
+    def request(assigned: str) -> Request:
+        return _allreduce_request("allreduce", [arr], [arr if in_place else None], op, assigned,
+                                  Compression.none, 1.0, 1.0, grouped=False)[1]
+    return runtime().engine.lone_allreduce(arr, op, name, fields, in_place, request)
+
+
 def _allreduce_request(kind: str, tensors: Sequence, outs: Sequence, op, name, compression,
                        prescale_factor, postscale_factor, grouped: bool) -> tuple:
     rt = runtime()
@@ -104,9 +136,7 @@ def _allreduce_request(kind: str, tensors: Sequence, outs: Sequence, op, name, c
         entries, block = [_entry(tensors[0], arrays[0], outs[0])], None
     engine = rt.engine
     name = name or engine.auto_name(kind)
-    fields = (("collective", kind), ("dtype", spec.name), ("shape", shapes), ("op", OP_NAMES[op]),
-              ("prescale_factor", prescale), ("postscale_factor", postscale), ("device", "cpu"),
-              ("compression", compressor.name))
+    fields = _fields(kind, spec, shapes, op, prescale, postscale, compressor)
     work = AllreduceWork(spec, op, prescale, postscale, entries, grouped, compressor, block=block)
     request = Request(kind, name, fields, nbytes, Handle(engine, name), allreduce=work)
     return engine, request
@@ -149,6 +179,13 @@ def allreduce(tensor, op: ReduceOp = ReduceOp.Average, *, name: str | None = Non
         >>> fastring.allreduce(np.ones(4), op=fastring.Sum)   # on 1 rank
         array([1., 1., 1., 1.])
     """
+    if (type(tensor) is np.ndarray and (out is None or out is tensor) and type(op) is ReduceOp
+            and compression is Compression.none and (name is None or type(name) is str)
+            and type(prescale_factor) is float and prescale_factor == 1.0
+            and type(postscale_factor) is float and postscale_factor == 1.0):
+        result = _lone_allreduce(tensor, op, name, out is tensor)
+        if result is not None:
+            return result
     engine, request = _allreduce_request("allreduce", [tensor], [out], op, name, compression,
                                          prescale_factor, postscale_factor, grouped=False)
     return engine.run(request)

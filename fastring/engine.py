@@ -29,7 +29,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from . import algorithms, kernels
+from . import _pool, algorithms, kernels
 from ._config import SMALL_MESSAGE_BYTES
 from ._dtypes import SUPPORTED, DtypeSpec
 from ._errors import FastringError
@@ -193,7 +193,7 @@ class Engine:
         self._clean_words = 0    # ...unless this many words were left zero by a clean cycle
         self._stall_check_time = self.config.stall_check_time
         self._transport = rt.transport
-        self._stall_reporter = _StallReporter([], self.config.stall_shutdown_time)
+        self._stall_reporter = _StallReporter(self.config.stall_shutdown_time)
         self._block = np.empty(0, np.uint64)
         self._block_tmp = np.empty(0, np.uint64)
         self._block_address = self._block_tmp_address = 0
@@ -266,11 +266,7 @@ class Engine:
                     req.handle._finish(error=e)
             finally:
                 self._cycle_lock.release()
-        # Queue it unless the lone cycle already did; submit() refuses a name another request
-        # holds in flight.
-        if not req.handle._done and self._pending.get(req.name) is not req:
-            self.submit(req, background=False)
-        return req.handle.wait()
+        return self._wait_queued(req)
 
     # ----------------------------------------------------------------- driving cycles
     def drive(self, handle: Handle) -> None:
@@ -353,23 +349,10 @@ class Engine:
         """One cycle proposing `req` (not queued) when nothing else is queued here: the
         commonest case, whose cost is the latency of every synchronous collective."""
         words = self._words
-        header = self._header
-        if words and (self._bits_dirty or words != self._clean_words):
-            # the words may hold last cycle's bits, or payload bytes if the cache just grew
-            self._block[HEADER_WORDS:HEADER_WORDS + 2 * words] = 0
-        self._clean_words = words
-        header[0] = 0
-        header[1] = h = req.signature_hash
         payload = self._write_payload(req, words)
-        reduce_fn, itemsize = self._spec_reduce(req) if payload else (0, 1)
-        self._stall_reporter.pending = [req]
-        outcome = self._transport.cycle_exchange(
-            self._block_address, words, SMALL_MESSAGE_BYTES, self._block_tmp_address, reduce_fn,
-            itemsize, self._stall_check_time, self._stall_reporter)
-        self._stall_reporter.pending = ()  # holds no request (nor its buffers) past the cycle
-        # A clean outcome leaves every bit word zero (nothing ready, nothing left over).
-        self._bits_dirty = bool(outcome[2] or outcome[3])
-        if outcome[1] == h and not (outcome[0] or outcome[2] or outcome[3]):
+        h = req.signature_hash
+        outcome = self._propose(h, words, *(self._spec_reduce(req) if payload else (0, 1)), req.name)
+        if _clean(outcome, h):
             self._speculate, self._keep_cycling = True, False
             self._remember(req.name, req.fields)
             if payload:
@@ -377,12 +360,83 @@ class Engine:
             else:
                 self._execute([req])
             return
-        if outcome[1] != h:
+        self._lone_failed(req, outcome, words)
+
+    def _propose(self, h: int, words: int, reduce_fn: int, itemsize: int, name: str) -> tuple:
+        """Exchange a cycle block in which this rank proposes only request hash `h` (its
+        payload, if any, already written) and returns the combined outcome."""
+        if words and (self._bits_dirty or words != self._clean_words):
+            # the words may hold last cycle's bits, or payload bytes if the cache just grew
+            self._block[HEADER_WORDS:HEADER_WORDS + 2 * words] = 0
+        self._clean_words = words
+        header = self._header
+        header[0] = 0
+        header[1] = h
+        self._stall_reporter.names = (name,)
+        outcome = self._transport.cycle_exchange(
+            self._block_address, words, SMALL_MESSAGE_BYTES, self._block_tmp_address, reduce_fn,
+            itemsize, self._stall_check_time, self._stall_reporter)
+        # A clean outcome leaves every bit word zero (nothing ready, nothing left over).
+        self._bits_dirty = bool(outcome[2] or outcome[3])
+        return outcome
+
+    def _lone_failed(self, req: Request, outcome: tuple, words: int) -> None:
+        """Another rank proposed something else: queue `req` (unless the cycle ran it) and
+        act on the outcome like any cycle's."""
+        if outcome[1] != req.signature_hash:
             req.submitted = time.monotonic()
             req.next_report = req.submitted + self._stall_interval(0.0)
             with self._queue_lock:
                 self._pending[req.name] = req
         self._after_exchange(outcome, words, [req], {}, req)
+
+    def _wait_queued(self, req: Request):
+        # Queue it unless a lone cycle already did; submit() refuses a name another request
+        # holds in flight.
+        if not req.handle._done and self._pending.get(req.name) is not req:
+            self.submit(req, background=False)
+        return req.handle.wait()
+
+    def lone_allreduce(self, arr: np.ndarray, op: ReduceOp, name: str | None, fields: tuple,
+                       in_place: bool, request: Callable[[str], Request]):
+        """A synchronous small host allreduce (no compression, no scale factors, `fields`
+        as the general path would build them) while nothing is queued here: the
+        latency-bound call, run as one speculative cycle without building a Request unless
+        the ranks disagree (`request(name)` builds it then). Returns the result, or None
+        when the general path must take the call; nothing has happened then."""
+        if not (not self._pending and not self._keep_cycling and self._speculate and self._broken is None
+                and self._join_handle is None and not self.timeline.recording
+                and arr.nbytes <= SMALL_MESSAGE_BYTES and (arr.flags.writeable or not in_place)
+                and self._cycle_lock.acquire(blocking=False)):
+            return None
+        try:
+            if self._pending or self._keep_cycling:
+                return None
+            name = name or self.auto_name("allreduce")
+            h = self._signature_hash(name, fields)
+            words = self._words
+            if not copy_from_array(self._block_address + PAYLOAD_OFFSET[words], arr):
+                return None
+            self._header[2] = arr.nbytes
+            outcome = self._propose(h, words, *self._payload_reducer(op, arr.dtype), name)
+            if _clean(outcome, h):
+                self._speculate, self._keep_cycling = True, False
+                self._remember(name, fields)
+                result = arr if in_place else _pool.empty(arr.shape, arr.dtype)
+                copy_to_array(result, self._block_address + PAYLOAD_OFFSET[words])
+                if op == ReduceOp.Average and self.rt.size > 1:
+                    kernels.divide_into(result.reshape(-1), self.rt.size)
+                self._completed += 1
+                return result
+            req = request(name)
+            req.signature_hash = h
+            self._lone_failed(req, outcome, words)
+        except BaseException as e:  # noqa: BLE001 - every waiter must hear of it
+            self._fail_all(e)
+            raise
+        finally:
+            self._cycle_lock.release()
+        return self._wait_queued(req)
 
     # ----------------------------------------------------------------- one cycle
     def _cycle(self) -> None:
@@ -392,12 +446,12 @@ class Engine:
         words = self._words
         spec_req = pending[0] if self._speculate and pending else None
         cached = self._write_header(pending, spec_req, words)
-        self._stall_reporter.pending = pending
-        with self.timeline.span([r.name for r in pending], "negotiate"):
+        names = [r.name for r in pending]
+        self._stall_reporter.names = names
+        with self.timeline.span(names, "negotiate"):
             outcome = self.rt.transport.cycle_exchange(
                 self._block_address, words, SMALL_MESSAGE_BYTES, self._block_tmp_address,
                 *self._spec_reduce(spec_req), self._stall_check_time, self._stall_reporter)
-        self._stall_reporter.pending = ()
         self._bits_dirty = True
         self._after_exchange(outcome, words, pending, cached, spec_req)
 
@@ -507,12 +561,13 @@ class Engine:
         """(reduction cfunc, item size) for the speculative payload, or (0, 1) for none."""
         if spec_req is None or not _carries_payload(spec_req):
             return 0, 1
-        work = spec_req.allreduce
-        key = (work.op, work.spec.name)
-        found = self._payload_reducers.get(key)
+        return self._payload_reducer(spec_req.allreduce.op, spec_req.allreduce.spec.dtype)
+
+    def _payload_reducer(self, op: ReduceOp, dtype: np.dtype) -> tuple[int, int]:
+        found = self._payload_reducers.get((op, dtype))
         if found is None:
-            found = self._payload_reducers[key] = (kernels.reduce_cfunc(KERNEL_OP[work.op], work.spec.dtype),
-                                                   work.spec.dtype.itemsize)
+            found = self._payload_reducers[op, dtype] = (kernels.reduce_cfunc(KERNEL_OP[op], dtype),
+                                                         dtype.itemsize)
         return found
 
     def _finish_speculation(self, req: Request, words: int) -> None:
@@ -780,11 +835,12 @@ class Engine:
 class _StallReporter:
     """Called by the transport when a cycle partner has not answered for a while."""
 
-    def __init__(self, pending: list[Request], shutdown_after: float):
-        self.pending, self.shutdown_after = pending, shutdown_after
+    def __init__(self, shutdown_after: float):
+        self.names: tuple | list = ()  # what this rank has pending in the current cycle
+        self.shutdown_after = shutdown_after
 
     def __call__(self, partner: int, waited: float) -> None:
-        names = [r.name for r in self.pending] or ["(none: this rank is finishing others' work)"]
+        names = self.names or ["(none: this rank is finishing others' work)"]
         log.warning("stall: waited %.1f s for rank %d to join negotiation; pending here: %s",
                     waited, partner, ", ".join(names))
         limit = self.shutdown_after
@@ -796,6 +852,11 @@ class _StallReporter:
 def _carries_payload(req: Request) -> bool:
     return (req.allreduce is not None and req.nbytes <= SMALL_MESSAGE_BYTES
             and req.allreduce.compression.wire is None and req.allreduce.device == "cpu")
+
+
+def _clean(outcome: tuple, h: int) -> bool:
+    """Every rank proposed request hash `h` alone and nothing else waits anywhere."""
+    return outcome[1] == h and not (outcome[0] or outcome[2] or outcome[3])
 
 
 def _nothing(view: np.ndarray) -> None:

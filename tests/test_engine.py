@@ -60,6 +60,40 @@ def test_grouped_errors():
         fastring.grouped_allreduce([np.ones(2), np.ones(2, np.float32)])
 
 
+def test_lone_allreduce_takes_plain_small_calls_only():
+    """The latency path runs plain small numpy calls itself and hands everything else to the
+    general path (None), which then gives the same result."""
+    from fastring import api
+
+    fastring.init()
+    x = np.arange(6, dtype=np.float32).reshape(2, 3)
+    got = api._lone_allreduce(x, fastring.Average, "lone", False)
+    assert got is not None and got is not x and got.shape == (2, 3)
+    assert np.array_equal(got, x)
+    assert api._lone_allreduce(x, fastring.Sum, None, True) is x  # in place, unnamed
+    assert api._lone_allreduce(np.ones(3, np.float16), fastring.Average, None, False) is None
+    assert api._lone_allreduce(np.ones(3, bool), fastring.Average, None, False) is None
+    assert api._lone_allreduce(np.ones(3, np.complex64), fastring.Sum, None, False) is None
+    big = np.ones(1 << 20, np.float32)  # above SMALL_MESSAGE_BYTES
+    assert api._lone_allreduce(big, fastring.Sum, None, False) is None
+    strided = np.ones(8, np.float32)[::2]
+    assert api._lone_allreduce(strided, fastring.Sum, None, False) is None
+    frozen = np.ones(3, np.float32)
+    frozen.flags.writeable = False
+    assert api._lone_allreduce(frozen, fastring.Sum, None, True) is None
+    engine = fastring._runtime.runtime().engine
+    with engine._cycle_lock:  # another thread's cycle in progress: not taken, nothing consumed
+        names = engine._noname.get("allreduce")
+        before = next(names) if names else None
+        assert api._lone_allreduce(np.ones(3), fastring.Sum, None, False) is None
+        if before is not None:
+            assert next(names) == before + 1
+    # the public call with everything the latency path refuses still works
+    assert fastring.allreduce(strided, op=fastring.Sum).tolist() == [1.0] * 4
+    with pytest.raises(TypeError, match="name"):
+        fastring.allreduce(np.ones(3), name=5)
+
+
 def test_duplicate_name_in_flight_single_rank():
     fastring.init()
     engine = fastring._runtime.runtime().engine
