@@ -18,6 +18,9 @@ SMALL_MESSAGE_BYTES = 64 * 1024
 # to 256 MiB (fewer MPI round trips; MPICH's shared-memory copies run best on large messages)
 # and beats 8 MiB above 16 MiB (the received segment is still in cache when it is reduced).
 RING_SEGMENT_BYTES = 1024 * 1024
+# The ring on a 16-bit wire runs whole (reduce-scatter and allgather) one segment of this
+# many elements at a time, so that its 16-bit buffers stay in cache.
+WIRE_SEGMENT_ELEMENTS = 256 * 1024
 # Broadcasts above this size on 3 or more ranks take the pipelined chain, in segments of
 # BROADCAST_SEGMENT_BYTES; smaller ones (and all on two ranks) take the binomial tree.
 BROADCAST_CHAIN_BYTES = SMALL_MESSAGE_BYTES

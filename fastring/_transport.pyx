@@ -25,8 +25,11 @@ from ._errors import FastringError
 
 # A chunk reduction: dst[i] = dst[i] op src[i] for i < count (elements, not bytes).
 ctypedef void (*reduce_fn_t)(void* dst, void* src, int64_t count) noexcept nogil
-# The fused step of a ring on a 16-bit wire: acc = acc op decode(recv); send = encode(acc).
-ctypedef void (*accumulate_fn_t)(void* acc, void* recv, void* send, int64_t count) noexcept nogil
+# An element step of the ring on a 16-bit wire (kernels/cfuncs.py wire_cfunc): each reads
+# what it needs of this rank's input `src` (scaled by mul / div), the received 16-bit `recv`,
+# and writes the 16-bit `bits` to send on and/or the result `dst`.
+ctypedef void (*wire_fn_t)(void* bits, void* src, void* recv, void* dst, int64_t count,
+                           double mul, double div, double post) noexcept nogil
 
 
 cdef int _raise_mpi_error(int code) except -1 with gil:
@@ -258,24 +261,41 @@ cdef class Transport:
         return header[0], header[1], leftover, any_ready
 
 
-    def ring_reduce_scatter_wire(self, uintptr_t acc, uintptr_t wire, const int64_t[::1] offsets,
-                                 uintptr_t tmp, int64_t segment_elems, uintptr_t encode_fn,
-                                 uintptr_t accumulate_fn, uintptr_t accumulate_last_fn,
-                                 int64_t acc_itemsize, int tag=9):
-        """Reduce-scatter whose messages travel as 16-bit values while every rank accumulates
-        in `acc` (float32 or float64). Chunk c is acc[offsets[c]:offsets[c+1]] (elements);
-        `wire` holds as many uint16 elements as `acc`, `tmp` `segment_elems` of them. After
-        return this rank's chunk `rank` of `acc` holds the full reduction.
+    def ring_allreduce_wire(self, uintptr_t src, uintptr_t dst, const int64_t[::1] offsets,
+                            uintptr_t tmp, int64_t segment, uintptr_t encode_fn, uintptr_t hop_fn,
+                            uintptr_t last_fn, uintptr_t decode_fn, int64_t acc_itemsize,
+                            double mul, double div, double post, int tag=9):
+        """Allreduce whose messages travel as 16-bit values: reads `src` (float32/float64,
+        scaled by mul / div as it is read), leaves the result in `dst` (same dtype; may be
+        `src`). Chunk c is elements offsets[c]..offsets[c+1]; `tmp` holds 2 * `segment`
+        uint16.
+
+        On one host the wire is memory, and a 16-bit copy of the whole buffer would cost
+        more memory traffic than it saves on the wire. So the ring runs segment by segment:
+        segment s of every chunk goes through the whole reduce-scatter and allgather before
+        segment s+1 starts, and its 16-bit values only ever live in two segment-sized
+        buffers that stay in cache. The input is read once and the result written once.
+
+        Reduce-scatter: a rank encodes the segment it sends first (encode_fn); every later
+        one is received, combined with its own input and re-encoded in one pass (hop_fn);
+        the last hop (last_fn) rounds the result, postscaled, to 16 bits and decodes it back,
+        so the owner holds exactly what the others will decode. Allgather: those 16-bit
+        segments circulate and each rank decodes them (decode_fn).
         """
         if offsets.shape[0] != self.size + 1:
             raise ValueError(f"offsets needs {self.size + 1} entries, got {offsets.shape[0]}")
-        if segment_elems < 1:
-            raise ValueError(f"segment_elems must be positive, got {segment_elems}")
+        if segment < 1:
+            raise ValueError(f"segment must be positive, got {segment}")
+        if self.size < 2:
+            raise ValueError("ring_allreduce_wire needs at least 2 ranks")
+        cdef _WireRing w
+        w.src, w.dst, w.accsize = <char*> src, <char*> dst, acc_itemsize
+        w.mul, w.div, w.post = mul, div, post
+        w.encode, w.hop, w.last = <wire_fn_t> encode_fn, <wire_fn_t> hop_fn, <wire_fn_t> last_fn
+        w.decode = <wire_fn_t> decode_fn
         with nogil:
-            _ring_reduce_scatter_wire(self.comm, self.rank, self.size, <char*> acc, <char*> wire,
-                                      &offsets[0], <char*> tmp, segment_elems,
-                                      <reduce_fn_t> encode_fn, <accumulate_fn_t> accumulate_fn,
-                                      <reduce_fn_t> accumulate_last_fn, acc_itemsize, tag)
+            _ring_allreduce_wire(self.comm, self.rank, self.size, &w, &offsets[0], <char*> tmp,
+                                 segment, tag)
 
 
 cdef int _sendrecv(MPI_Comm comm, char* send, MPI_Count send_nbytes, int dest,
@@ -349,40 +369,48 @@ cdef inline int64_t _seg_len(const int64_t* offsets, int64_t chunk, int64_t seg,
     return max(min(lo + segment, offsets[chunk + 1]) - lo, 0)
 
 
-cdef int _ring_reduce_scatter_wire(MPI_Comm comm, int rank, int size, char* acc, char* wire,
-                                   const int64_t* offsets, char* tmp, int64_t segment,
-                                   reduce_fn_t encode, accumulate_fn_t accumulate,
-                                   reduce_fn_t accumulate_last, int64_t accsize,
-                                   int tag) except -1 nogil:
+cdef struct _WireRing:
+    char* src
+    char* dst
+    int64_t accsize
+    double mul, div, post
+    wire_fn_t encode, hop, last, decode
+
+
+cdef int _ring_allreduce_wire(MPI_Comm comm, int rank, int size, _WireRing* w,
+                              const int64_t* offsets, char* tmp, int64_t segment,
+                              int tag) except -1 nogil:
     cdef int right = (rank + 1) % size
     cdef int left = (rank + size - 1) % size
-    cdef int64_t largest = 0, step, seg, segments, send_c, recv_c, first
-    cdef int64_t s_lo, s_hi, r_lo, r_hi
-    cdef bint last
-    if size < 2:
-        return 0
-    largest = _largest_chunk(offsets, size)
-    segments = (largest + segment - 1) // segment
-    # Only the first chunk sent is this rank's own data alone; every later one is encoded by
-    # the fused step that produced it.
-    first = _mod(rank - 1, size)
-    encode(wire + 2 * offsets[first], acc + accsize * offsets[first], offsets[first + 1] - offsets[first])
-    for step in range(size - 1):
-        send_c = _mod(rank - step - 1, size)
-        recv_c = _mod(rank - step - 2, size)
-        last = step == size - 2
-        for seg in range(segments):
-            s_lo = offsets[send_c] + seg * segment
-            s_hi = min(s_lo + segment, offsets[send_c + 1])
-            r_lo = offsets[recv_c] + seg * segment
-            r_hi = min(r_lo + segment, offsets[recv_c + 1])
-            _sendrecv(comm, wire + 2 * s_lo, 2 * max(s_hi - s_lo, 0), right,
-                      tmp, 2 * max(r_hi - r_lo, 0), left, tag)
-            if r_hi > r_lo:
-                if last:
-                    accumulate_last(acc + accsize * r_lo, tmp, r_hi - r_lo)
-                else:
-                    accumulate(acc + accsize * r_lo, tmp, wire + 2 * r_lo, r_hi - r_lo)
+    cdef int64_t seg, step, c, lo, n
+    cdef int64_t segments = (_largest_chunk(offsets, size) + segment - 1) // segment
+    cdef char* out = tmp               # 16-bit values to send next
+    cdef char* into = tmp + 2 * segment  # 16-bit values received
+    cdef char* swap
+    for seg in range(segments):
+        c = _mod(rank - 1, size)
+        w.encode(out, w.src + w.accsize * _seg_lo(offsets, c, seg, segment), NULL, NULL,
+                 _seg_len(offsets, c, seg, segment), w.mul, w.div, w.post)
+        for step in range(size - 1):
+            # send segment `seg` of chunk rank-step-1, receive that of chunk rank-step-2 (at
+            # the last step this rank's own) and combine it into `out`, to send next
+            _sendrecv(comm, out, 2 * _seg_len(offsets, _mod(rank - step - 1, size), seg, segment),
+                      right, into, 2 * _seg_len(offsets, _mod(rank - step - 2, size), seg, segment),
+                      left, tag)
+            c = _mod(rank - step - 2, size)
+            lo, n = _seg_lo(offsets, c, seg, segment), _seg_len(offsets, c, seg, segment)
+            (w.last if step == size - 2 else w.hop)(
+                out, w.src + w.accsize * lo, into, w.dst + w.accsize * lo, n, w.mul, w.div, w.post)
+        for step in range(size - 1):
+            # `out` holds the finished 16-bit segment of chunk rank-step; pass it on, decode
+            # the one that arrives, and forward that one next
+            _sendrecv(comm, out, 2 * _seg_len(offsets, _mod(rank - step, size), seg, segment),
+                      right, into, 2 * _seg_len(offsets, _mod(rank - step - 1, size), seg, segment),
+                      left, tag)
+            c = _mod(rank - step - 1, size)
+            lo, n = _seg_lo(offsets, c, seg, segment), _seg_len(offsets, c, seg, segment)
+            w.decode(NULL, NULL, into, w.dst + w.accsize * lo, n, w.mul, w.div, w.post)
+            swap, out, into = out, into, out
     return 0
 
 

@@ -15,7 +15,7 @@ from typing import Callable, ContextManager
 import numpy as np
 
 from . import kernels
-from ._config import RING_SEGMENT_BYTES, SMALL_MESSAGE_BYTES
+from ._config import RING_SEGMENT_BYTES, SMALL_MESSAGE_BYTES, WIRE_SEGMENT_ELEMENTS
 from ._dtypes import DtypeSpec
 from ._transport import array_address, ring_reduce_scatter_to
 from ._ops import KERNEL_OP, MPI_BOOL_OP, MPI_OP, ReduceOp
@@ -133,36 +133,43 @@ class Ring:
 
 
 class CompressedRing:
-    """The ring with 16-bit messages: each rank accumulates in `flat` (float32/float64), the
-    wire carries fp16/bf16, and one fused kernel per received segment decodes, accumulates
-    and re-encodes it. The allgather circulates the encoded result, and every rank, the
+    """The ring with 16-bit messages. It reads the input where it lies (scaled by mul / div
+    as it is read), never copies it, and keeps no float accumulator: each rank combines a
+    received 16-bit partial result with its own input in float32/float64 and re-encodes it in
+    one pass per segment. The allgather circulates the encoded result and every rank, the
     owner of a chunk included, decodes the same bits: results are bitwise identical."""
 
     name = "compressed_ring"
 
     @staticmethod
-    def run(rt, flat: np.ndarray, wire: str, op: ReduceOp, finalize: Finalize,
-            phase: Phase = no_phase) -> None:
-        count, acc = flat.size, flat.dtype
+    def run(rt, dst: np.ndarray, src: np.ndarray, wire: str, op: ReduceOp,
+            scale: tuple[float, float, float], phase: Phase = no_phase) -> None:
+        """dst = round16(reduce(src * mul / div) * post) for scale = (mul, div, post); src
+        and dst are flat float32/float64 arrays of one size and dtype (dst may be src)."""
+        count, acc = dst.size, dst.dtype
+        mul, div, post = scale
+        if rt.size == 1:  # no wire, but the same single rounding to 16 bits
+            with phase("reduce-scatter"):
+                if src is not dst:
+                    np.copyto(dst, src)
+                if mul != 1.0:
+                    kernels.scale_into(dst, mul)
+                if div != 1.0:
+                    kernels.divide_into(dst, int(div))
+                if post != 1.0:
+                    kernels.scale_into(dst, post)
+                bits = rt.scratch(2 * count)[:2 * count].view(np.uint16)
+                kernels.encode16(dst, bits, wire)
+                kernels.decode16(bits, dst, wire)
+            return
         offsets = chunk_offsets(count, rt.size, 1)
-        segment = max(1, RING_SEGMENT_BYTES // acc.itemsize)
-        scratch = rt.scratch(2 * (count + segment))
-        bits = scratch[:2 * count].view(np.uint16)
-        kop = KERNEL_OP[op]
-        with phase("reduce-scatter"):
-            if rt.size > 1:
-                rt.transport.ring_reduce_scatter_wire(
-                    array_address(flat), array_address(bits), offsets,
-                    array_address(scratch[2 * count:]), segment, kernels.encode_cfunc(wire, acc),
-                    kernels.accumulate_cfunc(wire, kop, acc, False),
-                    kernels.accumulate_cfunc(wire, kop, acc, True), acc.itemsize)
-            lo, hi = offsets[rt.rank], offsets[rt.rank + 1]
-            finalize(flat[lo:hi])
-            kernels.encode16(flat[lo:hi], bits[lo:hi], wire)
-        with phase("allgather"):
-            if rt.size > 1:
-                rt.transport.ring_allgather(array_address(bits), offsets * 2)
-            kernels.decode16(bits, flat, wire)
+        segment = WIRE_SEGMENT_ELEMENTS
+        tmp = rt.scratch(4 * segment)
+        steps = [kernels.wire_cfunc(step, wire, KERNEL_OP[op], acc) for step in kernels.WIRE_STEPS]
+        with phase("reduce-scatter+allgather"):  # interleaved, segment by segment
+            rt.transport.ring_allreduce_wire(array_address(src), array_address(dst), offsets,
+                                             array_address(tmp), segment, *steps, acc.itemsize,
+                                             mul, div, post)
 
 
 ALGORITHMS = (MpiNative, RecursiveDoubling, Ring)

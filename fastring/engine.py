@@ -406,9 +406,11 @@ class Engine:
         when the general path must take the call; nothing has happened then."""
         if not (not self._pending and not self._keep_cycling and self._speculate and self._broken is None
                 and self._join_handle is None and not self.timeline.recording
-                and arr.nbytes <= SMALL_MESSAGE_BYTES and (arr.flags.writeable or not in_place)
-                and self._cycle_lock.acquire(blocking=False)):
+                and arr.nbytes <= SMALL_MESSAGE_BYTES and (arr.flags.writeable or not in_place)):
             return None
+        # Nothing is queued, so whoever holds the lock (the background thread looking for
+        # work, another thread's own lone cycle) lets go within one cycle.
+        self._cycle_lock.acquire()
         try:
             if self._pending or self._keep_cycling:
                 return None
@@ -785,20 +787,30 @@ class Engine:
         """The input a lone allreduce can be reduced from straight into its output (the ring
         reads it in place), or None when it must be copied (and scaled) into the output."""
         e = work.entries[0]
-        if (len(work.entries) != 1 or e.src is e.work or work.prescale != 1.0
-                or work.compression.wire is not None or _predivides(work, self.rt.size)
-                or not is_c_contiguous(e.src)
+        if len(work.entries) != 1 or not is_c_contiguous(e.src):
+            return None
+        if work.compression.wire is not None:
+            # the compressed ring scales its input as it reads it, and may write over it;
+            # error feedback must change the input first
+            return None if work.compression.error_feedback else e.src.reshape(-1)
+        if (e.src is e.work or work.prescale != 1.0 or _predivides(work, self.rt.size)
                 or algorithms.choose(self.config.algorithm, own.nbytes, work.spec) is not algorithms.Ring):
             return None
         return e.src.reshape(-1)
 
     def _reduce(self, names, flat: np.ndarray, work: AllreduceWork,
                 src: np.ndarray | None = None) -> None:
-        finalize = _finalizer(work, self.rt.size) or _nothing
         phase = lambda name: self.timeline.span(names, name)  # noqa: E731
         if work.compression.wire is not None:
-            algorithms.CompressedRing.run(self.rt, flat, work.compression.wire, work.op, finalize, phase)
+            # Under compression Average always divides first (_predivides), so what is left
+            # after the reduction is the postscale; an input packed into `flat` is scaled.
+            size = self.rt.size
+            scale = ((work.prescale, float(size) if _predivides(work, size) else 1.0, work.postscale)
+                     if src is not None else (1.0, 1.0, work.postscale))
+            algorithms.CompressedRing.run(self.rt, flat, flat if src is None else src,
+                                          work.compression.wire, work.op, scale, phase)
             return
+        finalize = _finalizer(work, self.rt.size) or _nothing
         algorithm = algorithms.choose(self.config.algorithm, flat.nbytes, work.spec)
         if src is not None:
             algorithm.run(self.rt, flat, work.spec, work.op, finalize, phase, src=src)

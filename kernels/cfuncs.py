@@ -2,7 +2,7 @@
 
 Those loops run without the GIL, so they cannot call a Numba dispatcher; they call a Numba
 `cfunc` through its address instead. The element steps are the ones the `@njit` kernels
-compile (ops.reduce_step, convert_step, accumulate_step...), so the targets cannot disagree.
+compile (ops.reduce_step, ops.wire_steps), so the targets cannot disagree.
 """
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from typing import Any
 import numpy as np
 from numba import carray, cfunc, types
 
-from .ops import (SOURCE_FINGERPRINT, WIRE_CODECS, accumulate_last_step, accumulate_step,
-                  binary_op, convert_step, element_type, kernel_op, reduce_step, wire_format)
+from .ops import (HOST_WIRE_CODECS, SOURCE_FINGERPRINT, binary_op, element_type, kernel_op,
+                  reduce_step, wire_format, wire_steps)
 
 _U16 = np.dtype(np.uint16)
 # key -> cfunc. Holding the object keeps its machine code, and so the address, alive.
@@ -30,21 +30,6 @@ def _compile2(step, s0, s1):
         b = carray(p1, count, s1)
         for i in range(count):
             step(a, b, i)
-    return kernel
-
-
-def _compile3(step, s0, s1, s2):
-    fingerprint = SOURCE_FINGERPRINT
-
-    @cfunc(types.void(types.voidptr, types.voidptr, types.voidptr, types.int64), nopython=True,
-           cache=True, error_model="numpy")
-    def kernel(p0, p1, p2, count):
-        fingerprint  # noqa: B018
-        a = carray(p0, count, s0)
-        b = carray(p1, count, s1)
-        c = carray(p2, count, s2)
-        for i in range(count):
-            step(a, b, c, i)
     return kernel
 
 
@@ -69,36 +54,43 @@ def reduce_cfunc(op: Any, dtype: Any) -> int:
     return _address(("reduce", op, dtype), build)
 
 
-def encode_cfunc(wire: Any, float_dtype: Any) -> int:
-    """Address of `void f(uint16* dst, float* src, int64 count)`: dst = encode16(src).
+def _compile_wire(step, s_bits, s_float):
+    fingerprint = SOURCE_FINGERPRINT
+
+    @cfunc(types.void(types.voidptr, types.voidptr, types.voidptr, types.voidptr, types.int64,
+                      types.float64, types.float64, types.float64), nopython=True, cache=True,
+           error_model="numpy")
+    def kernel(p_bits, p_src, p_recv, p_dst, count, mul, div, post):
+        fingerprint  # noqa: B018
+        bits = carray(p_bits, count, s_bits)
+        src = carray(p_src, count, s_float)
+        recv = carray(p_recv, count, s_bits)
+        dst = carray(p_dst, count, s_float)
+        for i in range(count):
+            step(bits, src, recv, dst, i, mul, div, post)
+    return kernel
+
+
+WIRE_STEPS = ("encode", "hop", "last", "decode")
+
+
+def wire_cfunc(step: str, wire: Any, op: Any, float_dtype: Any) -> int:
+    """Address of `void f(uint16* bits, float* src, uint16* recv, float* dst, int64 count,
+    double mul, double div, double post)` running ops.wire_steps' `step` (one of
+    WIRE_STEPS) for the 16-bit `wire` format, reduction `op` and float32/float64 values.
 
     Example:
         >>> import numpy as np
-        >>> encode_cfunc("fp16", np.float32) != 0
+        >>> wire_cfunc("hop", "bf16", 0, np.float32) != 0
         True
     """
-    def build():
-        fmt, fdt = wire_format(wire), np.dtype(float_dtype)
-        return _compile2(convert_step(WIRE_CODECS[fmt][1]), _U16, fdt)
-    return _address(("encode", wire, float_dtype), build)
+    if step not in WIRE_STEPS:
+        raise ValueError(f"unknown wire step {step!r}; expected one of {WIRE_STEPS}")
 
-
-def accumulate_cfunc(wire: Any, op: Any, float_dtype: Any, last: bool) -> int:
-    """Address of the fused ring step on a 16-bit wire: with `last` false,
-    `void f(float* acc, uint16* recv, uint16* send, int64 count)` computing
-    acc = acc op decode(recv); send = encode(acc); with `last` true the 3-pointer-less
-    `void f(float* acc, uint16* recv, int64 count)` (the final hop sends nothing).
-
-    Example:
-        >>> import numpy as np
-        >>> accumulate_cfunc("bf16", 0, np.float32, last=True) != 0
-        True
-    """
     def build():
         fmt, kop, fdt = wire_format(wire), kernel_op(op), np.dtype(float_dtype)
-        widen, narrow = WIRE_CODECS[fmt]
-        fn = binary_op(kop, element_type(fdt))
-        if last:
-            return _compile2(accumulate_last_step(fn, widen), fdt, _U16)
-        return _compile3(accumulate_step(fn, widen, narrow), fdt, _U16, _U16)
-    return _address(("accumulate", wire, op, float_dtype, last), build)
+        widen, narrow = HOST_WIRE_CODECS[fmt]
+        et = element_type(fdt)
+        steps = wire_steps(binary_op(kop, et), widen, narrow, et.compute)
+        return _compile_wire(steps[step], _U16, fdt)
+    return _address(("wire", step, wire, op, float_dtype), build)

@@ -32,7 +32,9 @@ from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
-from numba.extending import register_jitable
+from llvmlite import ir
+from numba import types
+from numba.extending import intrinsic, register_jitable
 
 try:  # bfloat16 is optional: without ml_dtypes it is reachable only via dtype='bfloat16' overrides
     import ml_dtypes as _ml_dtypes
@@ -140,6 +142,51 @@ def f32_to_fp16(x):
     h = 0x7C00 if a >= 0x47800000 else h
     h = nan if a > 0x7F800000 else h
     return sign | h
+
+
+# The CPU's own conversion instructions (x86 F16C, AArch64 FCVT), reached through LLVM's
+# half type: 4-6x faster than the portable versions above because they vectorise. They
+# round the same way (to nearest, ties to even); only a signalling NaN comes out quieted,
+# where NumPy keeps its payload bits. The host ring's wire uses them (HOST_WIRE_CODECS).
+
+@intrinsic
+def _half_bits(typingctx, x):
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(builder.fptrunc(args[0], ir.HalfType()), ir.IntType(16))
+    return types.uint16(types.float32), codegen
+
+
+@intrinsic
+def _from_half_bits(typingctx, h):
+    def codegen(context, builder, signature, args):
+        return builder.fpext(builder.bitcast(args[0], ir.HalfType()), ir.FloatType())
+    return types.float32(types.uint16), codegen
+
+
+@register_jitable
+def f32_to_fp16_native(x):
+    """float32 (float64 via float32) -> fp16 bits with the CPU's conversion instruction."""
+    return _half_bits(np.float32(x))
+
+
+@register_jitable
+def fp16_to_f32_native(h):
+    """fp16 bits -> float32 with the CPU's conversion instruction (exact)."""
+    return _from_half_bits(np.uint16(h))
+
+
+def _host_converts_fp16() -> bool:
+    # Without the instructions LLVM would call a runtime helper Numba does not link.
+    try:
+        import platform
+
+        import llvmlite.binding as llvm
+        machine = platform.machine().lower()
+        if machine in ("aarch64", "arm64"):
+            return True
+        return machine in ("x86_64", "amd64") and "+f16c" in llvm.get_host_cpu_features().flatten()
+    except Exception:  # noqa: BLE001 - any doubt: the portable conversions
+        return False
 
 
 @register_jitable
@@ -361,6 +408,10 @@ _WIRE_NAMES = {"fp16": WireFormat.FP16, "float16": WireFormat.FP16,
                "bf16": WireFormat.BF16, "bfloat16": WireFormat.BF16}
 WIRE_CODECS = {WireFormat.FP16: (fp16_to_f32, f32_to_fp16),
                WireFormat.BF16: (bf16_to_f32, f32_to_bf16)}
+# (widen, narrow) for the host ring's cfuncs: the CPU's fp16 instructions where it has them.
+HOST_WIRE_CODECS = dict(WIRE_CODECS)
+if _host_converts_fp16():
+    HOST_WIRE_CODECS[WireFormat.FP16] = (fp16_to_f32_native, f32_to_fp16_native)
 
 
 def wire_format(wire) -> WireFormat:
@@ -423,6 +474,49 @@ def convert_step(conv: Callable) -> Callable:
     def step(dst, src, i):
         dst[i] = conv(src[i])
     return register_jitable(step)
+
+
+@functools.lru_cache(maxsize=None)
+def wire_steps(op: Callable, widen: Callable, narrow: Callable,
+               compute: Callable) -> dict[str, Callable]:
+    """The element steps of the host ring on a 16-bit wire, by name, all with the signature
+    step(bits, src, recv, dst, i, mul, div, post); each ignores what it does not need.
+
+    This rank's input enters as ``x = src[i] * mul / div`` in the compute precision, the
+    same bits as scale_into(mul) then divide_into(div) (each skipped when 1).
+    encode: bits = narrow(x) -- the first chunk a rank sends;
+    hop:    bits = narrow(x op widen(recv)) -- combine a partial result and pass it on;
+    last:   bits = narrow((x op widen(recv)) * post); dst = widen(bits) -- the owner keeps
+            exactly what every other rank will decode;
+    decode: dst = widen(recv) -- the allgather.
+    """
+    def scaled(src, i, mul, div):
+        x = src[i]
+        if mul != 1.0:
+            x = x * compute(mul)
+        if div != 1.0:
+            x = x / compute(div)
+        return x
+
+    def encode(bits, src, recv, dst, i, mul, div, post):
+        bits[i] = narrow(scaled(src, i, mul, div))
+
+    def hop(bits, src, recv, dst, i, mul, div, post):
+        bits[i] = narrow(op(scaled(src, i, mul, div), widen(recv[i])))
+
+    def last(bits, src, recv, dst, i, mul, div, post):
+        value = op(scaled(src, i, mul, div), widen(recv[i]))
+        if post != 1.0:
+            value = value * compute(post)
+        h = narrow(value)
+        bits[i] = h
+        dst[i] = widen(h)
+
+    def decode(bits, src, recv, dst, i, mul, div, post):
+        dst[i] = widen(recv[i])
+
+    register_jitable(scaled)
+    return {f.__name__: register_jitable(f) for f in (encode, hop, last, decode)}
 
 
 @functools.lru_cache(maxsize=None)

@@ -82,12 +82,13 @@ def test_lone_allreduce_takes_plain_small_calls_only():
     frozen.flags.writeable = False
     assert api._lone_allreduce(frozen, fastring.Sum, None, True) is None
     engine = fastring._runtime.runtime().engine
-    with engine._cycle_lock:  # another thread's cycle in progress: not taken, nothing consumed
-        names = engine._noname.get("allreduce")
-        before = next(names) if names else None
+    with engine._cycle_lock:  # a request queued here: not taken, no name consumed
+        h = fastring.allreduce_async(np.ones(2), name="queued")
+        names = engine._noname.setdefault("allreduce", __import__("itertools").count())
+        before = next(names)
         assert api._lone_allreduce(np.ones(3), fastring.Sum, None, False) is None
-        if before is not None:
-            assert next(names) == before + 1
+        assert next(names) == before + 1
+    assert h.wait().tolist() == [1.0, 1.0]
     # the public call with everything the latency path refuses still works
     assert fastring.allreduce(strided, op=fastring.Sum).tolist() == [1.0] * 4
     with pytest.raises(TypeError, match="name"):

@@ -68,3 +68,76 @@ def test_import_does_not_touch_numba_cuda():
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
     res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     assert res.returncode == 0, res.stderr
+
+
+# ------------------------------------------------------------ the host ring's wire cfuncs
+try:
+    from kernel_cases import ACC_DTYPES, OPS, WIRES, reference_decode, reference_encode, wire_inputs
+except ImportError:
+    from tests.kernel_cases import ACC_DTYPES, OPS, WIRES, reference_decode, reference_encode, wire_inputs
+
+_WIRE_FN = None
+
+
+def _wire_call(step, wire, op, acc, bits, src, recv, dst, mul, div, post):
+    import ctypes
+
+    global _WIRE_FN
+    if _WIRE_FN is None:
+        _WIRE_FN = ctypes.CFUNCTYPE(None, *[ctypes.c_void_p] * 4, ctypes.c_int64, ctypes.c_double,
+                                    ctypes.c_double, ctypes.c_double)
+    fn = _WIRE_FN(kernels.wire_cfunc(step, wire, op, acc))
+    fn(bits.ctypes.data, src.ctypes.data, recv.ctypes.data, dst.ctypes.data, src.size, mul, div, post)
+
+
+def _same_bits_or_both_nan(got_bits, want_bits, wire):
+    # The CPU's fp16 instruction quiets a signalling NaN that NumPy passes through; every
+    # other value must match bit for bit.
+    nan = np.isnan(reference_decode(want_bits, wire))
+    np.testing.assert_array_equal(np.isnan(reference_decode(got_bits, wire)), nan)
+    np.testing.assert_array_equal(got_bits[~nan], want_bits[~nan])
+
+
+@pytest.mark.parametrize("wire", WIRES)
+@pytest.mark.parametrize("acc", ACC_DTYPES)
+@pytest.mark.parametrize("op", OPS)
+@pytest.mark.parametrize("mul, div, post", [(1.0, 1.0, 1.0), (0.5, 3.0, 2.0), (-1.5, 2.0, 1e-3)])
+def test_wire_steps_match_numpy(wire, acc, op, mul, div, post):
+    """Each wire step against its NumPy reference: x = src * mul / div in the compute
+    precision, combined with the decoded received value, rounded once to 16 bits."""
+    acc = np.dtype(acc)
+    src = wire_inputs(4000, seed=1).astype(acc)
+    recv = reference_encode(wire_inputs(4000, seed=2)[::-1].copy(), wire)
+    fn = {KernelOp.SUM: np.add, KernelOp.MIN: np.minimum, KernelOp.MAX: np.maximum,
+          KernelOp.PRODUCT: np.multiply}[op]
+    with np.errstate(all="ignore"):
+        x = src.copy()
+        if mul != 1.0:
+            x = x * acc.type(mul)
+        if div != 1.0:
+            x = x / acc.type(div)
+        combined = fn(x, reference_decode(recv, wire, acc))
+        final = combined * acc.type(post) if post != 1.0 else combined
+    bits, dst = np.empty(src.size, np.uint16), np.full(src.size, 7, acc)
+    _wire_call("encode", wire, op, acc, bits, src, recv, dst, mul, div, post)
+    _same_bits_or_both_nan(bits, reference_encode(x, wire), wire)
+    _wire_call("hop", wire, op, acc, bits, src, recv, dst, mul, div, post)
+    _same_bits_or_both_nan(bits, reference_encode(combined, wire), wire)
+    _wire_call("last", wire, op, acc, bits, src, recv, dst, mul, div, post)
+    _same_bits_or_both_nan(bits, reference_encode(final, wire), wire)
+    # the owner keeps exactly what it sends: the decode of its own bits
+    _same_values_or_both_nan(dst, reference_decode(bits, wire, acc))
+    dst[:] = 7
+    _wire_call("decode", wire, op, acc, bits, src, recv, dst, mul, div, post)
+    _same_values_or_both_nan(dst, reference_decode(recv, wire, acc))
+
+
+def _same_values_or_both_nan(got, want):
+    nan = np.isnan(want)
+    np.testing.assert_array_equal(np.isnan(got), nan)
+    np.testing.assert_array_equal(got[~nan].view(np.uint8), want[~nan].view(np.uint8))  # -0.0 too
+
+
+def test_wire_cfunc_rejects_unknown_step():
+    with pytest.raises(ValueError, match="wire step"):
+        kernels.wire_cfunc("squash", "fp16", KernelOp.SUM, np.float32)

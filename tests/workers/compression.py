@@ -44,6 +44,21 @@ for comp in (Compression.fp16, Compression.bf16):
                     c.fail(f"{name}: error {err[i]} > bound {limit[i]} at {i}")
                 c.check_identical(name, got)
 
+# The ring runs segment by segment: chunks of many segments (the last one short), in place
+# or into out=, give the same bits as chunks of one segment.
+default_segment = fastring.algorithms.WIRE_SEGMENT_ELEMENTS
+for comp in (Compression.fp16, Compression.bf16):
+    x = (np.random.default_rng([11, R]).standard_normal(10007) * 100).astype(np.float32)
+    one = fastring.allreduce(x, compression=comp, prescale_factor=0.5, postscale_factor=3.0)
+    fastring.algorithms.WIRE_SEGMENT_ELEMENTS = 1000
+    many = fastring.allreduce(x, compression=comp, prescale_factor=0.5, postscale_factor=3.0)
+    inplace = x.copy()
+    fastring.allreduce(inplace, compression=comp, prescale_factor=0.5, postscale_factor=3.0, out=inplace)
+    fastring.algorithms.WIRE_SEGMENT_ELEMENTS = default_segment
+    c.check_close(f"{comp} many segments", many, one, 0)
+    c.check_close(f"{comp} in place", inplace, one, 0)
+    c.check_identical(f"{comp} segments", many)
+
 # Averaging values near the fp16 maximum stays finite and exact (divide before the sum).
 for dtype in (np.float32, np.float16):
     big = np.full(1000, 60000.0, dtype)
