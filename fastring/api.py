@@ -55,12 +55,13 @@ def _entry(tensor, arr: np.ndarray, out) -> Entry:
 def _grouped_entries(tensors, arrays: list[np.ndarray], dtype) -> tuple[list[Entry], np.ndarray]:
     """A group's results are views into one block, which the engine reduces in place: no
     fusion-buffer copy and no unpacking."""
-    block = _pool.empty((sum(a.size for a in arrays),), dtype)
+    block = _pool.empty((sum([a.size for a in arrays]),), dtype)
     entries, offset = [], 0
     for t, a in zip(tensors, arrays):
-        view = block[offset:offset + a.size].reshape(a.shape)
-        entries.append(Entry(a, view, view, like(t, view)))
-        offset += a.size
+        end = offset + a.size
+        view = block[offset:end] if a.ndim == 1 else block[offset:end].reshape(a.shape)
+        entries.append(Entry(a, view, view, view if type(t) is np.ndarray else like(t, view)))
+        offset = end
     return entries, block
 
 
@@ -113,13 +114,13 @@ def _allreduce_request(kind: str, tensors: Sequence, outs: Sequence, op, name, c
         return device.allreduce_request(rt, kind, tensors, outs, op, name, compressor, prescale,
                                         postscale, grouped)
     if grouped:
-        arrays = [as_array(t) for t in tensors]
+        arrays = [t if type(t) is np.ndarray else as_array(t) for t in tensors]
         spec = spec_of(arrays[0].dtype)
-        for a in arrays[1:]:
-            if a.dtype != spec.dtype:
-                raise TypeError(f"grouped tensors must share one dtype, got {spec.dtype} and {a.dtype}")
-        shapes = tuple(a.shape for a in arrays)
-        nbytes = sum(a.nbytes for a in arrays)
+        dtypes = {a.dtype for a in arrays}
+        if len(dtypes) > 1:
+            raise TypeError(f"grouped tensors must share one dtype, got {', '.join(sorted(map(str, dtypes)))}")
+        shapes = tuple([a.shape for a in arrays])
+        nbytes = sum([a.nbytes for a in arrays])
     else:
         arrays = [as_array(tensors[0])]
         spec = SUPPORTED.get(arrays[0].dtype) or spec_of(arrays[0].dtype)

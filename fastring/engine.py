@@ -749,7 +749,7 @@ class Engine:
                 with self.timeline.span(names, "pack"):
                     if work.block is not None:
                         # one memcpy-speed call; a loop of np.copyto costs twice as much at 100 tensors
-                        np.concatenate([e.src.reshape(-1) for e in work.entries], out=own)
+                        np.concatenate([e.src for e in work.entries], axis=None, out=own)
                     elif work.entries[0].src is not work.entries[0].work:
                         np.copyto(work.entries[0].work, work.entries[0].src)
                     _prescale(work, own, rt.size)
