@@ -78,28 +78,28 @@ def _fields(kind: str, spec: DtypeSpec, shapes: tuple, op: ReduceOp, prescale: f
             ("compression", compressor.name))
 
 
-# (dtype, shape, op) -> fields of a plain small numpy allreduce, for _lone_allreduce
-_PLAIN_FIELDS: dict[tuple, tuple] = {}
+# (dtype, shape, op) -> (spec, fields) of a plain numpy allreduce, for _lone_allreduce
+_PLANS: dict[tuple, tuple] = {}
 
 
 def _lone_allreduce(arr: np.ndarray, op: ReduceOp, name: str | None, in_place: bool):
-    """The latency path of a plain (no compression, no scale factors) small numpy
-    allreduce: the engine runs it without building a Request when nothing else is queued.
+    """The lean path of a plain (no compression, no scale factors) numpy allreduce: the
+    engine runs it without building a Request when nothing else is queued.
     Returns None where the general path must take the call (it also raises any errors)."""
     key = (arr.dtype, arr.shape, op)
-    fields = _PLAIN_FIELDS.get(key)
-    if fields is None:
+    plan = _PLANS.get(key)
+    if plan is None:
         spec = SUPPORTED.get(arr.dtype)
         if spec is None or (op == ReduceOp.Average and (spec.name == "bool" or spec.is_16bit_float)):
             return None  # an error, or Average's division before the sum
-        fields = _fields("allreduce", spec, arr.shape, op, 1.0, 1.0, Compression.none)
-        if len(_PLAIN_FIELDS) < 1024:
-            _PLAIN_FIELDS[key] = fields
+        plan = (spec, _fields("allreduce", spec, arr.shape, op, 1.0, 1.0, Compression.none))
+        if len(_PLANS) < 1024:
+            _PLANS[key] = plan
 
     def request(assigned: str) -> Request:
         return _allreduce_request("allreduce", [arr], [arr if in_place else None], op, assigned,
                                   Compression.none, 1.0, 1.0, grouped=False)[1]
-    return runtime().engine.lone_allreduce(arr, op, name, fields, in_place, request)
+    return runtime().engine.lone_allreduce(arr, plan[0], op, name, plan[1], in_place, request)
 
 
 def _allreduce_request(kind: str, tensors: Sequence, outs: Sequence, op, name, compression,

@@ -19,6 +19,7 @@ makes them take turns, and the transport releases the GIL while bytes move.
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import itertools
 import logging
@@ -397,45 +398,60 @@ class Engine:
             self.submit(req, background=False)
         return req.handle.wait()
 
-    def lone_allreduce(self, arr: np.ndarray, op: ReduceOp, name: str | None, fields: tuple,
-                       in_place: bool, request: Callable[[str], Request]):
-        """A synchronous small host allreduce (no compression, no scale factors, `fields`
-        as the general path would build them) while nothing is queued here: the
-        latency-bound call, run as one speculative cycle without building a Request unless
-        the ranks disagree (`request(name)` builds it then). Returns the result, or None
-        when the general path must take the call; nothing has happened then."""
+    def lone_allreduce(self, arr: np.ndarray, spec: DtypeSpec, op: ReduceOp, name: str | None,
+                       fields: tuple, in_place: bool, request: Callable[[str], Request]):
+        """A synchronous plain host allreduce (no compression, no scale factors, `fields` as
+        the general path would build them) while nothing is queued here: one speculative
+        cycle, carrying the data itself when it is small, then the reduction, without
+        building a Request unless the ranks disagree (`request(name)` builds it then).
+        Returns the result, or None when the general path must take the call; nothing has
+        happened then."""
         if not (not self._pending and not self._keep_cycling and self._speculate and self._broken is None
                 and self._join_handle is None and not self.timeline.recording
-                and arr.nbytes <= SMALL_MESSAGE_BYTES and (arr.flags.writeable or not in_place)):
+                and (arr.flags.writeable or not in_place) and arr.flags.c_contiguous):
             return None
         # Nothing is queued, so whoever holds the lock (the background thread looking for
         # work, another thread's own lone cycle) lets go within one cycle.
         self._cycle_lock.acquire()
         try:
-            if self._pending or self._keep_cycling:
-                return None
-            name = name or self.auto_name("allreduce")
-            h = self._signature_hash(name, fields)
-            words = self._words
-            if not copy_from_array(self._block_address + PAYLOAD_OFFSET[words], arr):
-                return None
-            self._header[2] = arr.nbytes
-            outcome = self._propose(h, words, *self._payload_reducer(op, arr.dtype), name)
-            if _clean(outcome, h):
-                self._speculate, self._keep_cycling = True, False
-                self._remember(name, fields)
+            try:
+                if self._pending or self._keep_cycling:
+                    return None
+                name = name or self.auto_name("allreduce")
+                h = self._signature_hash(name, fields)
+                words = self._words
+                small = arr.nbytes <= SMALL_MESSAGE_BYTES
+                if small:
+                    copy_from_array(self._block_address + PAYLOAD_OFFSET[words], arr)
+                    self._header[2] = arr.nbytes
+                    outcome = self._propose(h, words, *self._payload_reducer(op, arr.dtype), name)
+                else:
+                    self._header[2] = 0
+                    outcome = self._propose(h, words, 0, 1, name)
+                clean = _clean(outcome, h)
+                if clean:
+                    self._speculate, self._keep_cycling = True, False
+                    self._remember(name, fields)
+                    self._completed += 1
+                else:
+                    req = request(name)
+                    req.signature_hash = h
+                    self._lone_failed(req, outcome, words)
+            except BaseException as e:  # noqa: BLE001 - every waiter must hear of it
+                self._fail_all(e)
+                raise
+            if clean:
+                # as in _execute, an error of the reduction itself is the caller's alone
                 result = arr if in_place else _pool.empty(arr.shape, arr.dtype)
-                copy_to_array(result, self._block_address + PAYLOAD_OFFSET[words])
-                if op == ReduceOp.Average and self.rt.size > 1:
-                    kernels.divide_into(result.reshape(-1), self.rt.size)
-                self._completed += 1
+                flat = result.reshape(-1)
+                divide = _divider(self.rt.size) if op == ReduceOp.Average and self.rt.size > 1 else _nothing
+                if small:
+                    copy_to_array(result, self._block_address + PAYLOAD_OFFSET[words])
+                    divide(flat)
+                else:
+                    self._run_plain(flat, spec, op, divide, algorithms.no_phase,
+                                    None if in_place else arr.reshape(-1))
                 return result
-            req = request(name)
-            req.signature_hash = h
-            self._lone_failed(req, outcome, words)
-        except BaseException as e:  # noqa: BLE001 - every waiter must hear of it
-            self._fail_all(e)
-            raise
         finally:
             self._cycle_lock.release()
         return self._wait_queued(req)
@@ -793,8 +809,7 @@ class Engine:
             # the compressed ring scales its input as it reads it, and may write over it;
             # error feedback must change the input first
             return None if work.compression.error_feedback else e.src.reshape(-1)
-        if (e.src is e.work or work.prescale != 1.0 or _predivides(work, self.rt.size)
-                or algorithms.choose(self.config.algorithm, own.nbytes, work.spec) is not algorithms.Ring):
+        if e.src is e.work or work.prescale != 1.0 or _predivides(work, self.rt.size):
             return None
         return e.src.reshape(-1)
 
@@ -810,12 +825,19 @@ class Engine:
             algorithms.CompressedRing.run(self.rt, flat, flat if src is None else src,
                                           work.compression.wire, work.op, scale, phase)
             return
-        finalize = _finalizer(work, self.rt.size) or _nothing
-        algorithm = algorithms.choose(self.config.algorithm, flat.nbytes, work.spec)
+        self._run_plain(flat, work.spec, work.op, _finalizer(work, self.rt.size) or _nothing, phase, src)
+
+    def _run_plain(self, flat: np.ndarray, spec: DtypeSpec, op: ReduceOp, finalize, phase,
+                   src: np.ndarray | None = None) -> None:
+        """Allreduce `flat` (from `src`, unscaled, if given) with the configured algorithm;
+        the ring reads `src` where it lies, the others get a copy first."""
+        algorithm = algorithms.choose(self.config.algorithm, flat.nbytes, spec)
+        if src is not None and algorithm is algorithms.Ring:
+            algorithm.run(self.rt, flat, spec, op, finalize, phase, src=src)
+            return
         if src is not None:
-            algorithm.run(self.rt, flat, work.spec, work.op, finalize, phase, src=src)
-        else:
-            algorithm.run(self.rt, flat, work.spec, work.op, finalize, phase)
+            np.copyto(flat, src)
+        algorithm.run(self.rt, flat, spec, op, finalize, phase)
 
     def _feed_back_error(self, req: Request, flat: np.ndarray) -> None:
         """Error feedback: add what this name lost to 16-bit rounding last time, and keep
@@ -904,6 +926,12 @@ def _pack(work: AllreduceWork, flat: np.ndarray, size: int) -> None:
         np.copyto(flat[offset:offset + n].reshape(e.src.shape), e.src, casting="unsafe")
         offset += n
     _prescale(work, flat, size)
+
+
+@functools.lru_cache(maxsize=None)
+def _divider(size: int) -> Callable[[np.ndarray], None]:
+    """Average's division by `size`, in place on a flat array."""
+    return lambda view: kernels.divide_into(view, size)
 
 
 def _finalizer(work: AllreduceWork, size: int) -> Callable[[np.ndarray], None] | None:

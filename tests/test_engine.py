@@ -74,8 +74,10 @@ def test_lone_allreduce_takes_plain_small_calls_only():
     assert api._lone_allreduce(np.ones(3, np.float16), fastring.Average, None, False) is None
     assert api._lone_allreduce(np.ones(3, bool), fastring.Average, None, False) is None
     assert api._lone_allreduce(np.ones(3, np.complex64), fastring.Sum, None, False) is None
-    big = np.ones(1 << 20, np.float32)  # above SMALL_MESSAGE_BYTES
-    assert api._lone_allreduce(big, fastring.Sum, None, False) is None
+    big = np.arange(1 << 20, dtype=np.float32)  # above SMALL_MESSAGE_BYTES: the ring, no payload
+    got = api._lone_allreduce(big, fastring.Average, None, False)
+    assert got is not None and got is not big and np.array_equal(got, big)
+    assert api._lone_allreduce(big, fastring.Sum, None, True) is big
     strided = np.ones(8, np.float32)[::2]
     assert api._lone_allreduce(strided, fastring.Sum, None, False) is None
     frozen = np.ones(3, np.float32)

@@ -71,15 +71,16 @@ if N > 1:
 
 # --- a synchronous call on the latency path meets another rank's different request: rank 0
 # has "q1" queued when it calls "q2"; the others call "q2" alone first, then "q1"
-if N > 1:
+# (a small call carries its data in the cycle, a large one runs the ring after it)
+for n in ((3, 100003) if N > 1 else ()):
     c.COMM.Barrier()
     if R == 0:
-        h = fastring.allreduce_async(np.full(3, 1.0), op=fastring.Sum, name="q1")
-        c.check_close("crossed q2", fastring.allreduce(np.full(3, 2.0), op=fastring.Sum, name="q2"), np.full(3, 2.0 * N), 0)
-        c.check_close("crossed q1", h.wait(), np.full(3, N), 0)
+        h = fastring.allreduce_async(np.full(n, 1.0), op=fastring.Sum, name=f"q1.{n}")
+        c.check_close("crossed q2", fastring.allreduce(np.full(n, 2.0), op=fastring.Sum, name=f"q2.{n}"), np.full(n, 2.0 * N), 0)
+        c.check_close("crossed q1", h.wait(), np.full(n, N), 0)
     else:
-        c.check_close("crossed q2", fastring.allreduce(np.full(3, 2.0), op=fastring.Sum, name="q2"), np.full(3, 2.0 * N), 0)
-        c.check_close("crossed q1", fastring.allreduce(np.full(3, 1.0), op=fastring.Sum, name="q1"), np.full(3, N), 0)
+        c.check_close("crossed q2", fastring.allreduce(np.full(n, 2.0), op=fastring.Sum, name=f"q2.{n}"), np.full(n, 2.0 * N), 0)
+        c.check_close("crossed q1", fastring.allreduce(np.full(n, 1.0), op=fastring.Sum, name=f"q1.{n}"), np.full(n, N), 0)
 
 # --- a name already in flight is a ValueError at call time, on the calling rank
 h = fastring.allreduce_async(np.ones(2), op=fastring.Sum, name="dup")
