@@ -2,9 +2,13 @@
 
 `Compression.fp16` / `Compression.bf16` make allreduce send floating tensors as 16-bit values
 while every rank accumulates in float32 (float64 tensors: in float64), with a fused kernel
-that decodes a received segment, adds it and re-encodes it in one pass. Average and the
-prescale are applied before the reduction, so partial sums of inputs that fit the format stay
-within it. Integer and bool tensors are never compressed.
+that decodes a received segment, adds this rank's input and re-encodes it in one pass. The
+ring reads the input where it lies and runs segment by segment, so the 16-bit values live only
+in cache-sized buffers (on one host the "wire" is memory). Average and the prescale are
+applied as the input is read, before the reduction, so partial sums of inputs that fit the
+format stay within it. Integer and bool tensors are never compressed. On the CPU the fp16
+conversions are the processor's own (F16C): a NaN stays NaN, but a signalling NaN arrives
+quiet.
 
 Error bound (measured against the same allreduce in float32, N ranks, u = 2^-11 for fp16 and
 2^-8 for bf16, s = prescale / N for Average and prescale for the other ops):
