@@ -8,6 +8,7 @@ it alive) exists outside the pool, so a result a caller holds is never overwritt
 """
 from __future__ import annotations
 
+import math
 import sys
 import threading
 
@@ -32,7 +33,7 @@ def empty(shape, dtype) -> np.ndarray:
     """
     dtype = np.dtype(dtype)
     shape = tuple(shape)
-    if dtype.itemsize * int(np.prod(shape, dtype=np.int64)) < MIN_POOLED_BYTES:
+    if dtype.itemsize * math.prod(shape) < MIN_POOLED_BYTES:
         return np.empty(shape, dtype)
     key = (shape, dtype)
     with _lock:

@@ -19,6 +19,9 @@ fastring's own, in the Cython transport with the GIL released:
 """
 from __future__ import annotations
 
+import functools
+import itertools
+import math
 import numbers
 import pickle
 from typing import Any, Callable
@@ -66,13 +69,20 @@ def _rows_array(tensor, kind: str) -> tuple[np.ndarray, DtypeSpec]:
 
 
 def _row_bytes(arr: np.ndarray) -> int:
-    return arr.dtype.itemsize * int(np.prod(arr.shape[1:], dtype=np.int64))
+    return arr.dtype.itemsize * math.prod(arr.shape[1:])
 
 
 def _offsets(counts: np.ndarray, unit: int) -> np.ndarray:
     """Byte offsets of consecutive blocks of counts[i] units of `unit` bytes."""
-    offsets = np.zeros(counts.size + 1, np.int64)
-    np.cumsum(counts * unit, out=offsets[1:])
+    # Python ints: for a few ranks, NumPy's per-call overhead would dominate
+    return np.array([0, *itertools.accumulate(c * unit for c in counts.tolist())], np.int64)
+
+
+@functools.lru_cache(maxsize=None)
+def _one_word_each(size: int) -> np.ndarray:
+    """Offsets for exchanging one int64 with every rank (read-only, shared)."""
+    offsets = _offsets(np.ones(size, np.int64), 8)
+    offsets.flags.writeable = False
     return offsets
 
 
@@ -90,14 +100,14 @@ def _gather_counts(rt: Runtime, value: int) -> np.ndarray:
     counts = np.zeros(rt.size, np.int64)
     counts[rt.rank] = value
     if rt.size > 1:
-        rt.transport.ring_allgather(array_address(counts), _offsets(np.ones(rt.size, np.int64), 8))
+        rt.transport.ring_allgather(array_address(counts), _one_word_each(rt.size))
     return counts
 
 
 def _allgather_rows(rt: Runtime, src: np.ndarray, counts: np.ndarray, out: np.ndarray) -> None:
     """Concatenate every rank's rows into `out` (C-contiguous; counts[r] rows from rank r)."""
     offsets = _offsets(counts, _row_bytes(out))
-    start = int(counts[:rt.rank].sum())
+    start = sum(counts.tolist()[:rt.rank])
     np.copyto(out[start:start + src.shape[0]], src)
     if rt.size > 1 and offsets[-1]:
         rt.transport.ring_allgather(array_address(out), offsets)
@@ -255,7 +265,7 @@ def _alltoall_request(tensor, splits, name) -> tuple[Engine, Request]:
 
     def execute(rt: Runtime):
         recv_rows = np.empty(rt.size, np.int64)
-        unit = _offsets(np.ones(rt.size, np.int64), 8)
+        unit = _one_word_each(rt.size)
         pairwise_alltoall(rt.transport, array_address(send_rows), unit, array_address(recv_rows), unit)
         out = _pool.empty((int(recv_rows.sum()),) + arr.shape[1:], arr.dtype)
         row_bytes = _row_bytes(arr)
@@ -325,7 +335,7 @@ def _reducescatter_request(tensor, op, name, prescale_factor, postscale_factor) 
         offsets = chunk_offsets(arr.shape[0], rt.size, _row_bytes(arr))
         rows = chunk_offsets(arr.shape[0], rt.size, 1)
         out = _pool.empty((int(rows[rt.rank + 1] - rows[rt.rank]),) + arr.shape[1:], arr.dtype)
-        largest = int(np.diff(offsets).max())
+        largest = int(offsets[1] - offsets[0])  # chunk 0 is never shorter than another
         segment = max(itemsize, RING_SEGMENT_BYTES - RING_SEGMENT_BYTES % itemsize)
         # Scratch: two chunks for the ring, then (when the input must be scaled first) a copy
         # of the input.

@@ -1,0 +1,58 @@
+"""What a broadcast on two ranks of one host can cost: one MPI point-to-point message of the
+whole buffer (split into 1, 2, 4 or 16 concurrent messages) against MPI_Bcast, in one launch
+on the same buffer; medians of the slowest rank (BENCHMARKS.md, issue #4).
+
+fastring's broadcast on two ranks is one such message plus its negotiation, so it cannot beat
+MPI_Bcast where MPI_Bcast beats a point-to-point message (MPICH's shared-memory collective).
+
+usage: fastring-run -np 2 python scripts/bench_broadcast_floor.py [--sizes-mib 1 16]
+"""
+from __future__ import annotations
+
+import argparse
+import time
+
+import numpy as np
+from mpi4py import MPI
+
+
+def median_us(run, comm, reps: int) -> float:
+    times = []
+    for _ in range(reps):
+        comm.Barrier()
+        t = time.perf_counter()
+        run()
+        times.append(time.perf_counter() - t)
+    return comm.allreduce(float(np.median(times)), op=MPI.MAX) * 1e6
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes-mib", type=int, nargs="+", default=[1, 16])
+    parser.add_argument("--reps", type=int, default=100)
+    args = parser.parse_args()
+    comm = MPI.COMM_WORLD
+    if comm.size != 2:
+        raise SystemExit("run on exactly 2 ranks")
+    if comm.rank == 0:
+        print("| size | 1 message | 2 messages | 4 messages | 16 messages | MPI_Bcast |")
+        print("|---|---|---|---|---|---|")
+    for mib in args.sizes_mib:
+        buf = np.ones(mib << 20, np.uint8)
+        row = []
+        for parts in (1, 2, 4, 16):
+            chunks = np.array_split(buf, parts)
+
+            def p2p(chunks=chunks):
+                if comm.rank == 0:
+                    MPI.Request.Waitall([comm.Isend(c, 1, tag=i) for i, c in enumerate(chunks)])
+                else:
+                    MPI.Request.Waitall([comm.Irecv(c, 0, tag=i) for i, c in enumerate(chunks)])
+            row.append(median_us(p2p, comm, args.reps))
+        row.append(median_us(lambda: comm.Bcast(buf, 0), comm, args.reps))
+        if comm.rank == 0:
+            print(f"| {mib} MiB | " + " | ".join(f"{t:.1f} µs" for t in row) + " |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
