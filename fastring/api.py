@@ -82,7 +82,7 @@ def _fields(kind: str, spec: DtypeSpec, shapes: tuple, op: ReduceOp, prescale: f
 _PLANS: dict[tuple, tuple] = {}
 
 
-def _lone_allreduce(arr: np.ndarray, op: ReduceOp, name: str | None, in_place: bool):
+def _lone_allreduce(arr: np.ndarray, op: ReduceOp, name: str | None, out: np.ndarray | None):
     """The lean path of a plain (no compression, no scale factors) numpy allreduce: the
     engine runs it without building a Request when nothing else is queued.
     Returns None where the general path must take the call (it also raises any errors)."""
@@ -97,9 +97,9 @@ def _lone_allreduce(arr: np.ndarray, op: ReduceOp, name: str | None, in_place: b
             _PLANS[key] = plan
 
     def request(assigned: str) -> Request:
-        return _allreduce_request("allreduce", [arr], [arr if in_place else None], op, assigned,
+        return _allreduce_request("allreduce", [arr], [out], op, assigned,
                                   Compression.none, 1.0, 1.0, grouped=False)[1]
-    return runtime().engine.lone_allreduce(arr, plan[0], op, name, plan[1], in_place, request)
+    return runtime().engine.lone_allreduce(arr, plan[0], op, name, plan[1], out, request)
 
 
 def _allreduce_request(kind: str, tensors: Sequence, outs: Sequence, op, name, compression,
@@ -180,11 +180,11 @@ def allreduce(tensor, op: ReduceOp = ReduceOp.Average, *, name: str | None = Non
         >>> fastring.allreduce(np.ones(4), op=fastring.Sum)   # on 1 rank
         array([1., 1., 1., 1.])
     """
-    if (type(tensor) is np.ndarray and (out is None or out is tensor) and type(op) is ReduceOp
+    if (type(tensor) is np.ndarray and (out is None or type(out) is np.ndarray) and type(op) is ReduceOp
             and compression is Compression.none and (name is None or type(name) is str)
             and type(prescale_factor) is float and prescale_factor == 1.0
             and type(postscale_factor) is float and postscale_factor == 1.0):
-        result = _lone_allreduce(tensor, op, name, out is tensor)
+        result = _lone_allreduce(tensor, op, name, out)
         if result is not None:
             return result
     engine, request = _allreduce_request("allreduce", [tensor], [out], op, name, compression,

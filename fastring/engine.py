@@ -399,16 +399,19 @@ class Engine:
         return req.handle.wait()
 
     def lone_allreduce(self, arr: np.ndarray, spec: DtypeSpec, op: ReduceOp, name: str | None,
-                       fields: tuple, in_place: bool, request: Callable[[str], Request]):
+                       fields: tuple, out: np.ndarray | None, request: Callable[[str], Request]):
         """A synchronous plain host allreduce (no compression, no scale factors, `fields` as
         the general path would build them) while nothing is queued here: one speculative
         cycle, carrying the data itself when it is small, then the reduction, without
-        building a Request unless the ranks disagree (`request(name)` builds it then).
+        building a Request unless the ranks disagree (`request(name)` builds it then). The
+        result goes to `out` (`arr` itself: in place), or to a new array when it is None.
         Returns the result, or None when the general path must take the call; nothing has
         happened then."""
         if not (not self._pending and not self._keep_cycling and self._speculate and self._broken is None
                 and self._join_handle is None and not self.timeline.recording
-                and (arr.flags.writeable or not in_place) and arr.flags.c_contiguous):
+                and arr.flags.c_contiguous
+                and (out is None or (out.flags.writeable and out.flags.c_contiguous
+                                     and out.shape == arr.shape and out.dtype == arr.dtype))):
             return None
         # Nothing is queued, so whoever holds the lock (the background thread looking for
         # work, another thread's own lone cycle) lets go within one cycle.
@@ -442,7 +445,7 @@ class Engine:
                 raise
             if clean:
                 # as in _execute, an error of the reduction itself is the caller's alone
-                result = arr if in_place else _pool.empty(arr.shape, arr.dtype)
+                result = _pool.empty(arr.shape, arr.dtype) if out is None else out
                 flat = result.reshape(-1)
                 divide = _divider(self.rt.size) if op == ReduceOp.Average and self.rt.size > 1 else _nothing
                 if small:
@@ -450,7 +453,7 @@ class Engine:
                     divide(flat)
                 else:
                     self._run_plain(flat, spec, op, divide, algorithms.no_phase,
-                                    None if in_place else arr.reshape(-1))
+                                    None if result is arr else arr.reshape(-1))
                 return result
         finally:
             self._cycle_lock.release()

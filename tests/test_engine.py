@@ -67,28 +67,33 @@ def test_lone_allreduce_takes_plain_small_calls_only():
 
     fastring.init()
     x = np.arange(6, dtype=np.float32).reshape(2, 3)
-    got = api._lone_allreduce(x, fastring.Average, "lone", False)
+    got = api._lone_allreduce(x, fastring.Average, "lone", None)
     assert got is not None and got is not x and got.shape == (2, 3)
     assert np.array_equal(got, x)
-    assert api._lone_allreduce(x, fastring.Sum, None, True) is x  # in place, unnamed
-    assert api._lone_allreduce(np.ones(3, np.float16), fastring.Average, None, False) is None
-    assert api._lone_allreduce(np.ones(3, bool), fastring.Average, None, False) is None
-    assert api._lone_allreduce(np.ones(3, np.complex64), fastring.Sum, None, False) is None
+    assert api._lone_allreduce(x, fastring.Sum, None, x) is x  # in place, unnamed
+    into = np.empty_like(x)
+    assert api._lone_allreduce(x, fastring.Sum, None, into) is into and np.array_equal(into, x)
+    assert api._lone_allreduce(x, fastring.Sum, None, np.empty((3, 2), np.float32)) is None  # shape
+    assert api._lone_allreduce(x, fastring.Sum, None, np.empty_like(x, np.float64)) is None  # dtype
+    assert api._lone_allreduce(x, fastring.Sum, None, np.empty((2, 6), np.float32)[:, ::2]) is None
+    assert api._lone_allreduce(np.ones(3, np.float16), fastring.Average, None, None) is None
+    assert api._lone_allreduce(np.ones(3, bool), fastring.Average, None, None) is None
+    assert api._lone_allreduce(np.ones(3, np.complex64), fastring.Sum, None, None) is None
     big = np.arange(1 << 20, dtype=np.float32)  # above SMALL_MESSAGE_BYTES: the ring, no payload
-    got = api._lone_allreduce(big, fastring.Average, None, False)
+    got = api._lone_allreduce(big, fastring.Average, None, None)
     assert got is not None and got is not big and np.array_equal(got, big)
-    assert api._lone_allreduce(big, fastring.Sum, None, True) is big
+    assert api._lone_allreduce(big, fastring.Sum, None, big) is big
     strided = np.ones(8, np.float32)[::2]
-    assert api._lone_allreduce(strided, fastring.Sum, None, False) is None
+    assert api._lone_allreduce(strided, fastring.Sum, None, None) is None
     frozen = np.ones(3, np.float32)
     frozen.flags.writeable = False
-    assert api._lone_allreduce(frozen, fastring.Sum, None, True) is None
+    assert api._lone_allreduce(frozen, fastring.Sum, None, frozen) is None
     engine = fastring._runtime.runtime().engine
     with engine._cycle_lock:  # a request queued here: not taken, no name consumed
         h = fastring.allreduce_async(np.ones(2), name="queued")
         names = engine._noname.setdefault("allreduce", __import__("itertools").count())
         before = next(names)
-        assert api._lone_allreduce(np.ones(3), fastring.Sum, None, False) is None
+        assert api._lone_allreduce(np.ones(3), fastring.Sum, None, None) is None
         assert next(names) == before + 1
     assert h.wait().tolist() == [1.0, 1.0]
     # the public call with everything the latency path refuses still works
