@@ -10,20 +10,11 @@ usage: fastring-run -np 2 python scripts/bench_broadcast_floor.py [--sizes-mib 1
 from __future__ import annotations
 
 import argparse
-import time
 
 import numpy as np
 from mpi4py import MPI
 
-
-def median_us(run, comm, reps: int) -> float:
-    times = []
-    for _ in range(reps):
-        comm.Barrier()
-        t = time.perf_counter()
-        run()
-        times.append(time.perf_counter() - t)
-    return comm.allreduce(float(np.median(times)), op=MPI.MAX) * 1e6
+from bench_engine import median_us  # scripts/ is on sys.path when a script in it runs
 
 
 def main() -> None:
@@ -48,8 +39,8 @@ def main() -> None:
                     MPI.Request.Waitall([comm.Isend(c, 1, tag=i) for i, c in enumerate(chunks)])
                 else:
                     MPI.Request.Waitall([comm.Irecv(c, 0, tag=i) for i, c in enumerate(chunks)])
-            row.append(median_us(p2p, comm, args.reps))
-        row.append(median_us(lambda: comm.Bcast(buf, 0), comm, args.reps))
+            row.append(comm.allreduce(median_us(p2p, args.reps, comm), op=MPI.MAX))
+        row.append(comm.allreduce(median_us(lambda: comm.Bcast(buf, 0), args.reps, comm), op=MPI.MAX))
         if comm.rank == 0:
             print(f"| {mib} MiB | " + " | ".join(f"{t:.1f} µs" for t in row) + " |", flush=True)
 
