@@ -803,8 +803,9 @@ class Engine:
         return self._fusion[:nbytes].view(dtype)
 
     def _ring_source(self, work: AllreduceWork, own: np.ndarray) -> np.ndarray | None:
-        """The input a lone allreduce can be reduced from straight into its output (the ring
-        reads it in place), or None when it must be copied (and scaled) into the output."""
+        """The unscaled input a lone allreduce can be reduced from into its output (the rings
+        read it where it lies, the other algorithms copy it first), or None when it must be
+        copied and scaled into the output before the reduction."""
         e = work.entries[0]
         if len(work.entries) != 1 or not is_c_contiguous(e.src):
             return None
