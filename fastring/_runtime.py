@@ -27,6 +27,7 @@ class Runtime:
         self.cross_rank, self.cross_size = cross.Get_rank(), cross.Get_size()
         local.Free()
         cross.Free()
+        self.transport.enable_single_copy()
         self._scratch = np.empty(0, np.uint8)
         from .engine import Engine  # the engine sits above the runtime
 

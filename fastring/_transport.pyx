@@ -16,6 +16,9 @@ from libc.stdint cimport int64_t, uint64_t, uintptr_t
 from libc.string cimport memcpy
 from posix.time cimport nanosleep, timespec, clock_gettime, CLOCK_MONOTONIC
 from libc.stdlib cimport malloc, realloc, free
+from libc.errno cimport errno, EIO
+from posix.types cimport pid_t
+from posix.unistd cimport getpid
 
 cimport mpi4py.libmpi as mpi
 from mpi4py.libmpi cimport MPI_Comm, MPI_Request, MPI_Count, MPI_Datatype, MPI_Op
@@ -28,6 +31,18 @@ ctypedef void (*reduce_fn_t)(void* dst, void* src, int64_t count) noexcept nogil
 # An element step of the ring on a 16-bit wire (kernels/cfuncs.py wire_cfunc): each reads
 # what it needs of this rank's input `src` (scaled by mul / div), the received 16-bit `recv`,
 # and writes the 16-bit `bits` to send on and/or the result `dst`.
+# Cross Memory Attach (Linux): copy between this process and another one on the same host in
+# one pass, without a shared-memory bounce buffer. Python.h defines _GNU_SOURCE, which
+# sys/uio.h needs to declare these.
+cdef extern from "<sys/uio.h>" nogil:
+    cdef struct iovec:
+        void* iov_base
+        size_t iov_len
+    ssize_t process_vm_readv(pid_t pid, const iovec* local, unsigned long liovcnt,
+                             const iovec* remote, unsigned long riovcnt, unsigned long flags)
+    ssize_t process_vm_writev(pid_t pid, const iovec* local, unsigned long liovcnt,
+                              const iovec* remote, unsigned long riovcnt, unsigned long flags)
+
 ctypedef void (*wire_fn_t)(void* bits, void* src, void* recv, void* dst, int64_t count,
                            double mul, double div, double post) noexcept nogil
 
@@ -115,6 +130,9 @@ cdef class Requests:
         return bool(done)
 
 
+cdef uint64_t _PROBE_MARK = 0xFA57000000000000  # + rank: what enable_single_copy looks for
+
+
 cdef class Transport:
     """Point-to-point byte transfers over one MPI communicator.
 
@@ -131,6 +149,13 @@ cdef class Transport:
     cdef readonly int rank
     cdef readonly int size
     cdef object _owner  # the mpi4py duplicate, kept alive and freed with this object
+    # Process ids of every rank, set when `enable_single_copy` finds that all ranks share
+    # this host and may copy from and into each other's memory (NULL otherwise).
+    cdef pid_t* pids
+    # The fraction of a broadcast's bytes this rank, as root, writes into each other rank,
+    # per power-of-two message size: learnt from how fast its writes and the others' reads
+    # went, since a write into lines another core holds can cost half again a read.
+    cdef double root_share[64]
 
     def __cinit__(self, Comm comm not None):
         dup = comm.Dup()
@@ -139,6 +164,87 @@ cdef class Transport:
         _check(mpi.MPI_Comm_set_errhandler(self.comm, mpi.MPI_ERRORS_RETURN))
         _check(mpi.MPI_Comm_rank(self.comm, &self.rank))
         _check(mpi.MPI_Comm_size(self.comm, &self.size))
+
+    def __dealloc__(self):
+        free(self.pids)
+
+    @property
+    def single_copy(self):
+        """True when broadcasts may copy straight between the ranks' memories (see
+        `enable_single_copy`)."""
+        return self.pids != NULL
+
+    def enable_single_copy(self):
+        """Collective: find whether every rank runs on this host and may read and write the
+        others' memory with Cross Memory Attach (process_vm_readv/writev; a container or
+        ptrace policy may forbid it), by trying it between ring neighbours. Returns the
+        answer, the same on every rank, which `single_copy` keeps.
+
+        Example:
+            >>> from mpi4py import MPI
+            >>> Transport(MPI.COMM_WORLD).enable_single_copy()   # on 1 rank: nothing to copy
+            False
+        """
+        cdef pid_t* pids = <pid_t*> malloc(self.size * sizeof(pid_t))
+        if pids == NULL:
+            raise MemoryError()
+        cdef MPI_Comm local
+        cdef int local_size = 0, works = 0, everywhere = 0
+        cdef pid_t me = getpid()
+        # Each rank offers `mark`; its left neighbour reads it and writes into its `slot`.
+        cdef uint64_t mark = _PROBE_MARK + <uint64_t> self.rank
+        cdef uint64_t slot = 0, seen = 0
+        cdef uint64_t addrs[2]
+        cdef uint64_t right_addrs[2]
+        cdef int right = (self.rank + 1) % self.size, left = (self.rank - 1 + self.size) % self.size
+        cdef int i
+        try:
+            with nogil:
+                _check(mpi.MPI_Comm_split_type(self.comm, mpi.MPI_COMM_TYPE_SHARED, self.rank,
+                                               mpi.MPI_INFO_NULL, &local))
+                _check(mpi.MPI_Comm_size(local, &local_size))
+                _check(mpi.MPI_Comm_free(&local))
+                _check(mpi.MPI_Allgather(&me, sizeof(pid_t), mpi.MPI_BYTE, pids, sizeof(pid_t),
+                                         mpi.MPI_BYTE, self.comm))
+                addrs[0], addrs[1] = <uint64_t> &mark, <uint64_t> &slot
+                _sendrecv(self.comm, <char*> addrs, sizeof(addrs), left, <char*> right_addrs,
+                          sizeof(right_addrs), right, 5)
+                if self.size > 1 and local_size == self.size:
+                    works = (_vm_copy(False, pids[right], <char*> &seen, right_addrs[0], 8) == 0
+                             and seen == _PROBE_MARK + <uint64_t> right
+                             and _vm_copy(True, pids[right], <char*> &mark, right_addrs[1], 8) == 0)
+                # Every write lands before anyone looks at its slot.
+                _check(mpi.MPI_Allreduce(&works, &everywhere, 1, mpi.MPI_INT, mpi.MPI_MIN, self.comm))
+                works = everywhere and slot == _PROBE_MARK + <uint64_t> left
+                _check(mpi.MPI_Allreduce(&works, &everywhere, 1, mpi.MPI_INT, mpi.MPI_MIN, self.comm))
+        except BaseException:
+            free(pids)
+            raise
+        free(self.pids)
+        self.pids = pids if everywhere else NULL
+        for i in range(64):
+            self.root_share[i] = 1.0 / self.size
+        if not everywhere:
+            free(pids)
+        return bool(everywhere)
+
+    def disable_single_copy(self):
+        """Send broadcasts as MPI messages from now on (collective: every rank must call it,
+        since the ranks of one broadcast must agree on how it travels).
+
+        Example:
+            >>> from mpi4py import MPI
+            >>> t = Transport(MPI.COMM_WORLD); t.disable_single_copy(); t.single_copy
+            False
+        """
+        free(self.pids)
+        self.pids = NULL
+
+    def _set_pid(self, int rank, pid_t pid):
+        """Test hook: pretend `rank` runs as process `pid`, to make single copies fail."""
+        if self.pids == NULL or not 0 <= rank < self.size:
+            raise ValueError("single copy is off or the rank is out of range")
+        self.pids[rank] = pid
 
     def free(self):
         """Release the duplicated communicator (collective over its ranks)."""
@@ -732,6 +838,126 @@ cdef int _tree_broadcast(MPI_Comm comm, int rank, int size, int root, char* buf,
             _check(mpi.MPI_Send_c(buf, nbytes, mpi.MPI_BYTE, (rank + mask) % size, tag, comm))
         mask >>= 1
     return 0
+
+
+def single_copy_broadcast(Transport t, uintptr_t buf, int64_t nbytes, int root, int tag=10):
+    """Broadcast from `root` by copying straight between the ranks' memories (requires
+    `t.single_copy`): every rank sends the root its buffer's address; the root writes the
+    first part of the bytes into every other rank while each of them reads the rest from the
+    root, so that on two ranks both processes copy at once, where with a point-to-point
+    message only the receiver copies. A final status exchange keeps every buffer in use until
+    all copies into or out of it are done.
+
+    The root's part starts at 1/N and then follows the speeds measured in the previous
+    broadcasts of about this size, so that the root and the readers finish together.
+
+    If a copy fails (a policy that changed since `enable_single_copy`), every rank learns it
+    in that status exchange, the bytes go again by `tree_broadcast`, single copy is switched
+    off on every rank, and the failing errno is returned (0 on success).
+
+    Example:
+        >>> import numpy as np
+        >>> from mpi4py import MPI
+        >>> t = Transport(MPI.COMM_WORLD); a = np.ones(3)
+        >>> t.enable_single_copy() and single_copy_broadcast(t, a.ctypes.data, a.nbytes, 0)
+        False
+    """
+    if not 0 <= root < t.size:
+        raise ValueError(f"root {root} is outside [0, {t.size})")
+    if not t.single_copy:
+        raise ValueError("single copy is not enabled on this transport (enable_single_copy)")
+    if nbytes < 0:
+        raise ValueError(f"nbytes must not be negative, got {nbytes}")
+    cdef uint64_t failed = 0
+    cdef uint64_t* addrs = <uint64_t*> malloc(t.size * sizeof(uint64_t))
+    if addrs == NULL:
+        raise MemoryError()
+    cdef double* share = &t.root_share[_bit_length(nbytes)]
+    try:
+        with nogil:
+            failed = _single_copy_broadcast(t.comm, t.rank, t.size, root, <char*> buf, nbytes,
+                                            t.pids, addrs, share, tag)
+            if failed:
+                _tree_broadcast(t.comm, t.rank, t.size, root, <char*> buf, nbytes, tag)
+    finally:
+        free(addrs)
+    if failed:
+        t.disable_single_copy()
+    return failed
+
+
+cdef inline int _bit_length(uint64_t n) noexcept nogil:
+    cdef int bits = 0
+    while n:
+        n >>= 1
+        bits += 1
+    return bits
+
+
+cdef int _vm_copy(bint write, pid_t pid, char* local, uint64_t remote, int64_t nbytes) noexcept nogil:
+    """Copy nbytes between `local` and process pid's address `remote`; 0 or an errno."""
+    cdef iovec here, there
+    cdef ssize_t done
+    while nbytes > 0:
+        here.iov_base, here.iov_len = local, nbytes
+        there.iov_base, there.iov_len = <void*> remote, nbytes
+        if write:
+            done = process_vm_writev(pid, &here, 1, &there, 1, 0)
+        else:
+            done = process_vm_readv(pid, &here, 1, &there, 1, 0)
+        if done <= 0:
+            return errno if done < 0 and errno != 0 else EIO
+        local += done
+        remote += done
+        nbytes -= done
+    return 0
+
+
+cdef uint64_t _single_copy_broadcast(MPI_Comm comm, int rank, int size, int root, char* buf,
+                                     int64_t nbytes, const pid_t* pids, uint64_t* addrs,
+                                     double* root_share, int tag) except? 0xFFFFFFFFFFFFFFFF nogil:
+    # The root sends (its address, how many leading bytes it writes); a reader answers with
+    # its address, then with (errno or 0, nanoseconds its read took); the root answers with
+    # the first failure anyone had.
+    cdef uint64_t offer[2]
+    cdef uint64_t report[2]
+    cdef uint64_t failed = 0, mine = <uint64_t> buf
+    cdef double began, wrote, slowest_read = 0, f, write_rate, read_rate
+    cdef int64_t share
+    cdef int j
+    if rank != root:
+        _sendrecv(comm, <char*> &mine, 8, root, <char*> offer, 16, root, tag)
+        share = <int64_t> offer[1]
+        began = _now()
+        report[0] = _vm_copy(False, pids[root], buf + share, offer[0] + share, nbytes - share)
+        report[1] = <uint64_t> ((_now() - began) * 1e9)
+        _sendrecv(comm, <char*> report, 16, root, <char*> &failed, 8, root, tag)
+        return failed
+    share = (<int64_t> (nbytes * root_share[0])) & ~(<int64_t> 63)  # whole cache lines
+    offer[0], offer[1] = mine, share
+    for j in range(size):
+        if j != root:
+            _sendrecv(comm, <char*> offer, 16, j, <char*> &addrs[j], 8, j, tag)
+    began = _now()
+    for j in range(size):
+        if j != root and not failed:
+            failed = _vm_copy(True, pids[j], buf, addrs[j], share)
+    wrote = _now() - began
+    for j in range(size):
+        if j != root:
+            _check(mpi.MPI_Recv(report, 16, mpi.MPI_BYTE, j, tag, comm, mpi.MPI_STATUS_IGNORE))
+            failed = failed or report[0]
+            slowest_read = max(slowest_read, 1e-9 * report[1])
+    for j in range(size):
+        if j != root:
+            _check(mpi.MPI_Send(&failed, 8, mpi.MPI_BYTE, j, tag, comm))
+    if not failed and wrote > 0 and slowest_read > 0 and 0 < share < nbytes:
+        # Both finish together when share * (N-1) / write_rate == (nbytes - share) / read_rate.
+        write_rate = share * (size - 1) / wrote
+        read_rate = (nbytes - share) / slowest_read
+        f = write_rate / (write_rate + (size - 1) * read_rate)
+        root_share[0] = min(0.9, max(0.05, 0.75 * root_share[0] + 0.25 * f))
+    return failed
 
 
 def chain_broadcast(Transport t, uintptr_t buf, int64_t nbytes, int root, int64_t segment_bytes,

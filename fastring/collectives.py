@@ -10,8 +10,11 @@ fastring's own, in the Cython transport with the GIL released:
 
 - allgather: dim-0 sizes are gathered first, then the ring (`ring_allgather`) circulates the
   rows: (N-1)/N of the result's bytes cross each link once.
-- broadcast: a binomial tree for small messages and on two ranks; above that a chain,
-  pipelined in segments, whose time hardly grows with N.
+- broadcast: when every rank is on one host, large messages are copied straight between
+  the ranks' memories (`single_copy_broadcast`): the root writes the leading part of the
+  bytes into each rank while every rank reads the rest, so the root copies too instead of
+  waiting. Otherwise a binomial tree for small messages and on two ranks; above that a
+  chain, pipelined in segments, whose time hardly grows with N.
 - alltoall: the row counts are exchanged first, then N-1 pairwise exchange steps.
 - reducescatter: a ring reduce-scatter that receives partial results straight into scratch
   and reduces this rank's input into them, so the input is neither copied nor modified and
@@ -23,20 +26,22 @@ import functools
 import itertools
 import math
 import numbers
+import os
 import pickle
 from typing import Any, Callable
 
 import numpy as np
 
 from . import _pool, kernels
-from ._config import BROADCAST_CHAIN_BYTES, BROADCAST_SEGMENT_BYTES, RING_SEGMENT_BYTES
+from ._config import (BROADCAST_CHAIN_BYTES, BROADCAST_SEGMENT_BYTES, BROADCAST_SINGLE_COPY_BYTES,
+                      RING_SEGMENT_BYTES)
 from ._dtypes import DtypeSpec, spec_of
 from ._errors import FastringError
 from ._ops import KERNEL_OP, ReduceOp, as_reduce_op
-from ._runtime import Runtime, runtime
+from ._runtime import Runtime, log, runtime
 from ._tensor import as_array, like
 from ._transport import (array_address, chain_broadcast, is_c_contiguous, pairwise_alltoall,
-                         ring_reduce_scatter_into, tree_broadcast)
+                         ring_reduce_scatter_into, single_copy_broadcast, tree_broadcast)
 from .algorithms import chunk_offsets
 from .api import _check_op_for_dtype, _entry, _factor, _name
 from .engine import AllreduceWork, Engine, Handle, Request, _finalizer, _predivides, _prescale
@@ -117,7 +122,12 @@ def _broadcast_bytes(rt: Runtime, buf: np.ndarray, root: int) -> None:
     """Broadcast a C-contiguous array's bytes from `root` into the same array elsewhere."""
     if rt.size == 1 or buf.nbytes == 0:
         return
-    if rt.size > 2 and buf.nbytes > BROADCAST_CHAIN_BYTES:
+    if rt.transport.single_copy and buf.nbytes >= BROADCAST_SINGLE_COPY_BYTES:
+        failed = single_copy_broadcast(rt.transport, array_address(buf), buf.nbytes, root)
+        if failed:
+            log.warning("single-copy broadcast failed (%s); it was sent as MPI messages "
+                        "instead, as every broadcast will be from now on", os.strerror(failed))
+    elif rt.size > 2 and buf.nbytes > BROADCAST_CHAIN_BYTES:
         chain_broadcast(rt.transport, array_address(buf), buf.nbytes, root, BROADCAST_SEGMENT_BYTES)
     else:
         tree_broadcast(rt.transport, array_address(buf), buf.nbytes, root)

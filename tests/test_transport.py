@@ -1,5 +1,5 @@
-"""The Cython transport: point-to-point calls at np 1-3, a message over 2 GiB, and MPI errors
-surfacing as FastringError with MPI's own message."""
+"""The Cython transport: point-to-point calls and broadcasts at np 1-4, a message over 2 GiB,
+and MPI errors surfacing as FastringError with MPI's own message."""
 import numpy as np
 import pytest
 from mpi4py import MPI
@@ -8,7 +8,7 @@ import fastring
 from fastring._transport import Requests, Transport, array_address, is_writable_c_contiguous
 
 
-@pytest.mark.parametrize("n", [1, 2, 3])
+@pytest.mark.parametrize("n", [1, 2, 3, 4])
 def test_point_to_point(mpirun, n):
     mpirun(n, "transport")
 

@@ -3,6 +3,7 @@ every dtype x shapes (uneven, zero-size, large enough to segment), sync and asyn
 torch tensors, and (numpy run, N >= 2) every cross-rank mismatch and local error that needs a
 second rank.
 usage: collectives.py numpy|torch"""
+import logging
 import os
 import sys
 import tempfile
@@ -13,6 +14,7 @@ import numpy as np
 
 import _common as c
 import fastring
+from fastring._runtime import runtime
 
 framework = sys.argv[1]
 N, R = c.SIZE, c.RANK
@@ -82,12 +84,37 @@ for dt in c.DTYPES:
             tag = f"broadcast {dt} {shape} root {root}"
             exact(tag, got, inputs[root], dt)
             exact(tag + " input untouched", t, inputs[R], dt)
-for n_elem in (300_003, 40_000):   # past the chain threshold (segments, partial last), and below
-    for root in {0, N - 1}:
-        inputs = [c.rank_input(np.dtype(np.float32), n_elem, r, 22) for r in range(N)]
-        got = fastring.broadcast(to_fw(inputs[R]), root_rank=root)
-        exact(f"broadcast {n_elem} root {root}", got, inputs[root], np.dtype(np.float32))
-        c.check_identical(f"broadcast {n_elem} root {root}", from_fw(got))
+# Large ones copied straight between the ranks (this host allows it), then as messages:
+# past the chain threshold (segments, partial last) and below it.
+transport = runtime().transport
+for single_copy in (True, False):
+    if transport.single_copy != (single_copy and N > 1):
+        c.fail(f"single copy is {transport.single_copy}, expected {single_copy and N > 1}")
+    for n_elem in (300_003, 40_000, 10):
+        for root in {0, N - 1}:
+            tag = f"broadcast {n_elem} root {root} single copy {single_copy}"
+            inputs = [c.rank_input(np.dtype(np.float32), n_elem, r, 22) for r in range(N)]
+            got = fastring.broadcast(to_fw(inputs[R]), root_rank=root)
+            exact(tag, got, inputs[root], np.dtype(np.float32))
+            c.check_identical(tag, from_fw(got))
+    transport.disable_single_copy()
+if transport.enable_single_copy():
+    # A single copy that fails mid-way (the root's process id made wrong on the last rank):
+    # the result is still right, every rank logs why and sends broadcasts as messages after.
+    failures = []
+    catcher = logging.Handler()
+    catcher.emit = failures.append
+    logging.getLogger("fastring").addHandler(catcher)
+    if R == N - 1:
+        transport._set_pid(0, int(open("/proc/sys/kernel/pid_max").read()))
+    inputs = [c.rank_input(np.dtype(np.float32), 300_003, r, 24) for r in range(N)]
+    exact("broadcast after a failed copy", fastring.broadcast(to_fw(inputs[R]), 0), inputs[0],
+          np.dtype(np.float32))
+    logging.getLogger("fastring").removeHandler(catcher)
+    said = [f.getMessage() for f in failures]
+    if transport.single_copy or not any("No such process" in m for m in said):
+        c.fail(f"failed single copy: still on {transport.single_copy}, logged {said}")
+    transport.enable_single_copy()
 for dt in (np.dtype(np.float64), c.BF16, np.dtype(np.bool_)):
     inputs = [c.rank_input(dt, (4, 6), r, 23) for r in range(N)]
     root = N - 1
