@@ -115,7 +115,10 @@ def _allgather_rows(rt: Runtime, src: np.ndarray, counts: np.ndarray, out: np.nd
     start = sum(counts.tolist()[:rt.rank])
     np.copyto(out[start:start + src.shape[0]], src)
     if rt.size > 1 and offsets[-1]:
-        rt.transport.ring_allgather(array_address(out), offsets)
+        # The others read this rank's rows from its input, not from `out`, which stays
+        # quick to write the next time it is handed out (see Transport.ring_allgather).
+        own = array_address(src) if src.size and is_c_contiguous(src) else 0
+        rt.transport.ring_allgather(array_address(out), offsets, own=own)
 
 
 def _broadcast_bytes(rt: Runtime, buf: np.ndarray, root: int) -> None:
@@ -191,9 +194,15 @@ def _broadcast_request(tensor, root_rank, name, out) -> tuple[Engine, Request]:
     e = _entry(tensor, arr, out)
 
     def execute(rt: Runtime):
-        if rt.rank == root and e.work is not e.src:
+        if rt.rank == root and e.work is not e.src and is_c_contiguous(e.src):
+            # Sent from the input, so that the others' reads leave the result's cache lines
+            # to the root alone (see Transport.ring_allgather).
+            _broadcast_bytes(rt, e.src, root)
             np.copyto(e.work, e.src)
-        _broadcast_bytes(rt, e.work, root)
+        else:
+            if rt.rank == root and e.work is not e.src:
+                np.copyto(e.work, e.src)
+            _broadcast_bytes(rt, e.work, root)
         if e.target is not e.work:
             np.copyto(e.target, e.work)
         return e.result
