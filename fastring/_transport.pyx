@@ -382,13 +382,13 @@ cdef class Transport:
                             double mul, double div, double post, int tag=9):
         """Allreduce whose messages travel as 16-bit values: reads `src` (float32/float64,
         scaled by mul / div as it is read), leaves the result in `dst` (same dtype; may be
-        `src`). Chunk c is elements offsets[c]..offsets[c+1]; `tmp` holds 2 * `segment`
+        `src`). Chunk c is elements offsets[c]..offsets[c+1]; `tmp` holds 3 * `segment`
         uint16.
 
         On one host the wire is memory, and a 16-bit copy of the whole buffer would cost
         more memory traffic than it saves on the wire. So the ring runs segment by segment:
         segment s of every chunk goes through the whole reduce-scatter and allgather before
-        segment s+1 starts, and its 16-bit values only ever live in two segment-sized
+        segment s+1 starts, and its 16-bit values only ever live in three segment-sized
         buffers that stay in cache. The input is read once and the result written once.
 
         Reduce-scatter: a rank encodes the segment it sends first (encode_fn); every later
@@ -495,37 +495,46 @@ cdef struct _WireRing:
 cdef int _ring_allreduce_wire(MPI_Comm comm, int rank, int size, _WireRing* w,
                               const int64_t* offsets, char* tmp, int64_t segment,
                               int tag) except -1 nogil:
+    # Three 16-bit buffers rotate so that this rank's kernels only ever write a buffer whose
+    # lines are its own: a buffer the next rank has just read (by copying it out of this
+    # process) costs up to 20x more to overwrite (see Transport.ring_allgather), while a
+    # buffer this rank has received into since is as fast as any. `sending` goes out next;
+    # `spare` was last written by this rank and not read by another since; `landing` receives.
     cdef int right = (rank + 1) % size
     cdef int left = (rank + size - 1) % size
     cdef int64_t seg, step, c, lo, n
     cdef int64_t segments = (_largest_chunk(offsets, size) + segment - 1) // segment
-    cdef char* out = tmp               # 16-bit values to send next
-    cdef char* into = tmp + 2 * segment  # 16-bit values received
-    cdef char* swap
+    cdef char* sending = tmp
+    cdef char* spare = tmp + 2 * segment
+    cdef char* landing = tmp + 4 * segment
+    cdef char* sent
     for seg in range(segments):
         c = _mod(rank - 1, size)
-        w.encode(out, w.src + w.accsize * _seg_lo(offsets, c, seg, segment), NULL, NULL,
+        w.encode(spare, w.src + w.accsize * _seg_lo(offsets, c, seg, segment), NULL, NULL,
                  _seg_len(offsets, c, seg, segment), w.mul, w.div, w.post)
+        sending, spare = spare, sending
         for step in range(size - 1):
             # send segment `seg` of chunk rank-step-1, receive that of chunk rank-step-2 (at
-            # the last step this rank's own) and combine it into `out`, to send next
-            _sendrecv(comm, out, 2 * _seg_len(offsets, _mod(rank - step - 1, size), seg, segment),
-                      right, into, 2 * _seg_len(offsets, _mod(rank - step - 2, size), seg, segment),
+            # the last step this rank's own) and combine it into `spare`, to send next
+            _sendrecv(comm, sending, 2 * _seg_len(offsets, _mod(rank - step - 1, size), seg, segment),
+                      right, landing, 2 * _seg_len(offsets, _mod(rank - step - 2, size), seg, segment),
                       left, tag)
             c = _mod(rank - step - 2, size)
             lo, n = _seg_lo(offsets, c, seg, segment), _seg_len(offsets, c, seg, segment)
             (w.last if step == size - 2 else w.hop)(
-                out, w.src + w.accsize * lo, into, w.dst + w.accsize * lo, n, w.mul, w.div, w.post)
+                spare, w.src + w.accsize * lo, landing, w.dst + w.accsize * lo, n, w.mul, w.div, w.post)
+            sent = sending
+            sending, spare, landing = spare, landing, sent
         for step in range(size - 1):
-            # `out` holds the finished 16-bit segment of chunk rank-step; pass it on, decode
-            # the one that arrives, and forward that one next
-            _sendrecv(comm, out, 2 * _seg_len(offsets, _mod(rank - step, size), seg, segment),
-                      right, into, 2 * _seg_len(offsets, _mod(rank - step - 1, size), seg, segment),
+            # `sending` holds the finished 16-bit segment of chunk rank-step; pass it on,
+            # decode the one that arrives, and forward that one next
+            _sendrecv(comm, sending, 2 * _seg_len(offsets, _mod(rank - step, size), seg, segment),
+                      right, landing, 2 * _seg_len(offsets, _mod(rank - step - 1, size), seg, segment),
                       left, tag)
             c = _mod(rank - step - 1, size)
             lo, n = _seg_lo(offsets, c, seg, segment), _seg_len(offsets, c, seg, segment)
-            w.decode(NULL, NULL, into, w.dst + w.accsize * lo, n, w.mul, w.div, w.post)
-            swap, out, into = out, into, out
+            w.decode(NULL, NULL, landing, w.dst + w.accsize * lo, n, w.mul, w.div, w.post)
+            sending, landing = landing, sending
     return 0
 
 

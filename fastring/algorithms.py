@@ -164,7 +164,7 @@ class CompressedRing:
             return
         offsets = chunk_offsets(count, rt.size, 1)
         segment = WIRE_SEGMENT_ELEMENTS
-        tmp = rt.scratch(4 * segment)
+        tmp = rt.scratch(6 * segment)  # three segments of 16-bit values
         steps = [kernels.wire_cfunc(step, wire, KERNEL_OP[op], acc) for step in kernels.WIRE_STEPS]
         with phase("reduce-scatter+allgather"):  # interleaved, segment by segment
             rt.transport.ring_allreduce_wire(array_address(src), array_address(dst), offsets,
