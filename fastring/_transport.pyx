@@ -156,6 +156,9 @@ cdef class Transport:
     # per power-of-two message size: learnt from how fast its writes and the others' reads
     # went, since a write into lines another core holds can cost half again a read.
     cdef double root_share[64]
+    # Which of ring_allreduce_wire's three 16-bit buffers is sending, spare and landing: kept
+    # from one call to the next, since the rule it follows spans calls.
+    cdef int wire_roles[3]
 
     def __cinit__(self, Comm comm not None):
         dup = comm.Dup()
@@ -164,6 +167,7 @@ cdef class Transport:
         _check(mpi.MPI_Comm_set_errhandler(self.comm, mpi.MPI_ERRORS_RETURN))
         _check(mpi.MPI_Comm_rank(self.comm, &self.rank))
         _check(mpi.MPI_Comm_size(self.comm, &self.size))
+        self.wire_roles[0], self.wire_roles[1], self.wire_roles[2] = 0, 1, 2
 
     def __dealloc__(self):
         free(self.pids)
@@ -410,7 +414,7 @@ cdef class Transport:
         w.decode = <wire_fn_t> decode_fn
         with nogil:
             _ring_allreduce_wire(self.comm, self.rank, self.size, &w, &offsets[0], <char*> tmp,
-                                 segment, tag)
+                                 segment, self.wire_roles, tag)
 
 
 cdef int _sendrecv(MPI_Comm comm, char* send, MPI_Count send_nbytes, int dest,
@@ -494,19 +498,20 @@ cdef struct _WireRing:
 
 cdef int _ring_allreduce_wire(MPI_Comm comm, int rank, int size, _WireRing* w,
                               const int64_t* offsets, char* tmp, int64_t segment,
-                              int tag) except -1 nogil:
+                              int* roles, int tag) except -1 nogil:
     # Three 16-bit buffers rotate so that this rank's kernels only ever write a buffer whose
     # lines are its own: a buffer the next rank has just read (by copying it out of this
     # process) costs up to 20x more to overwrite (see Transport.ring_allgather), while a
     # buffer this rank has received into since is as fast as any. `sending` goes out next;
     # `spare` was last written by this rank and not read by another since; `landing` receives.
+    # `roles` holds which buffer (0, 1, 2) is which, from the previous call to the next.
     cdef int right = (rank + 1) % size
     cdef int left = (rank + size - 1) % size
     cdef int64_t seg, step, c, lo, n
     cdef int64_t segments = (_largest_chunk(offsets, size) + segment - 1) // segment
-    cdef char* sending = tmp
-    cdef char* spare = tmp + 2 * segment
-    cdef char* landing = tmp + 4 * segment
+    cdef char* sending = tmp + 2 * segment * roles[0]
+    cdef char* spare = tmp + 2 * segment * roles[1]
+    cdef char* landing = tmp + 2 * segment * roles[2]
     cdef char* sent
     for seg in range(segments):
         c = _mod(rank - 1, size)
@@ -535,6 +540,9 @@ cdef int _ring_allreduce_wire(MPI_Comm comm, int rank, int size, _WireRing* w,
             lo, n = _seg_lo(offsets, c, seg, segment), _seg_len(offsets, c, seg, segment)
             w.decode(NULL, NULL, landing, w.dst + w.accsize * lo, n, w.mul, w.div, w.post)
             sending, landing = landing, sending
+    roles[0] = (sending - tmp) // (2 * segment)
+    roles[1] = (spare - tmp) // (2 * segment)
+    roles[2] = (landing - tmp) // (2 * segment)
     return 0
 
 

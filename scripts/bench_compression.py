@@ -34,11 +34,15 @@ def main() -> None:
     for mib in args.sizes_mib:
         count = mib * 2**20 // 4
         x = np.random.default_rng(comm.rank).standard_normal(count).astype(np.float32)
-        out = np.empty_like(x)
+        # Each case writes its own output: a buffer the other rank has just copied out of
+        # (uncompressed, it reads this rank's finished chunk) is slow to overwrite, so a
+        # shared output would charge one case for what the previous one left behind.
+        outs = {name: np.empty_like(x) for name in [c.name for c in compressions] + ["copy"]}
         reps = max(5, min(50, 2048 // mib))
-        cases = {c.name: (lambda c=c: fastring.allreduce(x, compression=c, out=out, name=f"c{mib}"))
+        cases = {c.name: (lambda c=c: fastring.allreduce(x, compression=c, out=outs[c.name],
+                                                         name=f"c{mib}"))
                  for c in compressions}
-        cases["copy"] = lambda: np.copyto(out, x)
+        cases["copy"] = lambda: np.copyto(outs["copy"], x)
         times = {name: [] for name in cases}
         for i in range(reps + 2):
             for name, run in cases.items():
