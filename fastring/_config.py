@@ -18,9 +18,16 @@ SMALL_MESSAGE_BYTES = 64 * 1024
 # to 256 MiB (fewer MPI round trips; MPICH's shared-memory copies run best on large messages)
 # and beats 8 MiB above 16 MiB (the received segment is still in cache when it is reduced).
 RING_SEGMENT_BYTES = 1024 * 1024
-# The ring on a 16-bit wire runs whole (reduce-scatter and allgather) one segment of this
-# many elements at a time, so that its 16-bit buffers stay in cache.
+# The ring on a 16-bit wire runs whole (reduce-scatter and allgather) one segment at a time,
+# through three 16-bit buffers of a segment each. Small segments stay in cache, which is
+# fastest while the two cores share theirs; large ones stream, which is fastest while they do
+# not (this VM alternates between the two, BENCHMARKS.md). Measured np=2, fp16 at 64 MiB
+# against uncompressed: 256K elements 1.13-1.17x shared, 0.41x not; 4M elements 0.90-0.93x
+# shared, 0.96-1.00x not. So the ring times both per message size and uses the faster one,
+# trying the other again every WIRE_SEGMENT_RETRY_CALLS calls.
 WIRE_SEGMENT_ELEMENTS = 256 * 1024
+WIRE_STREAM_SEGMENT_ELEMENTS = 4 * 1024 * 1024
+WIRE_SEGMENT_RETRY_CALLS = 16
 # Broadcasts above this size on 3 or more ranks take the pipelined chain, in segments of
 # BROADCAST_SEGMENT_BYTES; smaller ones (and all on two ranks) take the binomial tree.
 BROADCAST_CHAIN_BYTES = SMALL_MESSAGE_BYTES

@@ -10,12 +10,15 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import time
+import weakref
 from typing import Callable, ContextManager
 
 import numpy as np
 
 from . import kernels
-from ._config import RING_SEGMENT_BYTES, SMALL_MESSAGE_BYTES, WIRE_SEGMENT_ELEMENTS
+from ._config import (RING_SEGMENT_BYTES, SMALL_MESSAGE_BYTES, WIRE_SEGMENT_ELEMENTS,
+                      WIRE_SEGMENT_RETRY_CALLS, WIRE_STREAM_SEGMENT_ELEMENTS)
 from ._dtypes import DtypeSpec
 from ._transport import array_address, ring_reduce_scatter_to
 from ._ops import KERNEL_OP, MPI_BOOL_OP, MPI_OP, ReduceOp
@@ -163,13 +166,75 @@ class CompressedRing:
                 kernels.decode16(bits, dst, wire)
             return
         offsets = chunk_offsets(count, rt.size, 1)
-        segment = WIRE_SEGMENT_ELEMENTS
+        chooser = _segment_choosers.setdefault(rt, SegmentChooser())
+        largest_chunk = -(-count // rt.size)
+        segment = chooser.segment(largest_chunk, dst.nbytes)
         tmp = rt.scratch(6 * segment)  # three segments of 16-bit values
         steps = [kernels.wire_cfunc(step, wire, KERNEL_OP[op], acc) for step in kernels.WIRE_STEPS]
+        began = time.perf_counter()
         with phase("reduce-scatter+allgather"):  # interleaved, segment by segment
             rt.transport.ring_allreduce_wire(array_address(src), array_address(dst), offsets,
                                              array_address(tmp), segment, *steps, acc.itemsize,
                                              mul, div, post)
+        if chooser.learns(largest_chunk):
+            chooser.record(dst.nbytes, segment, _slowest(rt, time.perf_counter() - began))
+
+
+class SegmentChooser:
+    """The compressed ring's segment (WIRE_SEGMENT_ELEMENTS or WIRE_STREAM_SEGMENT_ELEMENTS,
+    see _config) for each message size, by its power of two: each is tried once, then the
+    one with the lower smoothed time runs, and the other is tried again every
+    WIRE_SEGMENT_RETRY_CALLS calls. Every rank must feed it the same times (the slowest
+    rank's), so that all choose alike.
+
+    Example:
+        >>> c = SegmentChooser()
+        >>> first = c.segment(1 << 22, 1 << 26); c.record(1 << 26, first, 2.0)
+        >>> second = c.segment(1 << 22, 1 << 26); c.record(1 << 26, second, 1.0)
+        >>> (first, second, c.segment(1 << 22, 1 << 26)) == (262144, 4194304, 4194304)
+        True
+    """
+
+    def __init__(self) -> None:
+        # log2 bucket of the message's bytes -> [calls, smoothed seconds per candidate]
+        self._sizes: dict[int, list] = {}
+
+    @staticmethod
+    def candidates() -> tuple[int, int]:
+        return WIRE_SEGMENT_ELEMENTS, WIRE_STREAM_SEGMENT_ELEMENTS
+
+    def learns(self, chunk_elements: int) -> bool:
+        """Whether the choice matters: a chunk larger than the small segment."""
+        return chunk_elements > min(self.candidates())
+
+    def segment(self, chunk_elements: int, nbytes: int) -> int:
+        small, large = self.candidates()
+        if not self.learns(chunk_elements):
+            return small
+        calls, *seconds = self._sizes.setdefault(nbytes.bit_length(), [0, None, None])
+        if None in seconds:
+            return (small, large)[seconds.index(None)]
+        best = 0 if seconds[0] <= seconds[1] else 1
+        retry = calls % WIRE_SEGMENT_RETRY_CALLS == WIRE_SEGMENT_RETRY_CALLS - 1
+        return (small, large)[1 - best if retry else best]
+
+    def record(self, nbytes: int, segment: int, seconds: float) -> None:
+        entry = self._sizes.setdefault(nbytes.bit_length(), [0, None, None])
+        entry[0] += 1
+        i = 1 + self.candidates().index(segment)
+        entry[i] = seconds if entry[i] is None else 0.75 * entry[i] + 0.25 * seconds
+
+
+# One chooser per runtime (fastring.init may run again after shutdown).
+_segment_choosers: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _slowest(rt, seconds: float) -> float:
+    """The largest of every rank's `seconds`, the same on every rank."""
+    both = np.array([seconds, 0.0])
+    rt.transport.recursive_doubling(array_address(both), 8, array_address(both[1:]),
+                                    kernels.reduce_cfunc(KERNEL_OP[ReduceOp.Max], np.dtype(np.float64)), 8)
+    return float(both[0])
 
 
 ALGORITHMS = (MpiNative, RecursiveDoubling, Ring)

@@ -4,9 +4,10 @@
 while every rank accumulates in float32 (float64 tensors: in float64), with a fused kernel
 that decodes a received segment, adds this rank's input and re-encodes it in one pass. The
 ring reads the input where it lies and runs segment by segment, so the 16-bit values live only
-in cache-sized buffers (on one host the "wire" is memory). Average and the prescale are
-applied as the input is read, before the reduction, so partial sums of inputs that fit the
-format stay within it. Integer and bool tensors are never compressed. On the CPU the fp16
+in three segment-sized buffers (on one host the "wire" is memory); it times a cache-sized and
+a streaming segment size per message size and keeps the faster (algorithms.SegmentChooser).
+Average and the prescale are applied as the input is read, before the reduction, so partial
+sums of inputs that fit the format stay within it. Integer and bool tensors are never compressed. On the CPU the fp16
 conversions are the processor's own (F16C): a NaN stays NaN, but a signalling NaN arrives
 quiet.
 

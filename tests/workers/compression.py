@@ -5,6 +5,7 @@ import numpy as np
 import _common as c
 import fastring
 from fastring import Compression
+from fastring._runtime import runtime
 
 fastring.init()
 N, R = c.SIZE, c.RANK
@@ -46,18 +47,31 @@ for comp in (Compression.fp16, Compression.bf16):
 
 # The ring runs segment by segment: chunks of many segments (the last one short), in place
 # or into out=, give the same bits as chunks of one segment.
-default_segment = fastring.algorithms.WIRE_SEGMENT_ELEMENTS
+A = fastring.algorithms
+default_segments = A.WIRE_SEGMENT_ELEMENTS, A.WIRE_STREAM_SEGMENT_ELEMENTS
 for comp in (Compression.fp16, Compression.bf16):
     x = (np.random.default_rng([11, R]).standard_normal(10007) * 100).astype(np.float32)
     one = fastring.allreduce(x, compression=comp, prescale_factor=0.5, postscale_factor=3.0)
-    fastring.algorithms.WIRE_SEGMENT_ELEMENTS = 1000
+    A.WIRE_SEGMENT_ELEMENTS = A.WIRE_STREAM_SEGMENT_ELEMENTS = 1000
     many = fastring.allreduce(x, compression=comp, prescale_factor=0.5, postscale_factor=3.0)
     inplace = x.copy()
     fastring.allreduce(inplace, compression=comp, prescale_factor=0.5, postscale_factor=3.0, out=inplace)
-    fastring.algorithms.WIRE_SEGMENT_ELEMENTS = default_segment
     c.check_close(f"{comp} many segments", many, one, 0)
     c.check_close(f"{comp} in place", inplace, one, 0)
     c.check_identical(f"{comp} segments", many)
+    # The ring chooses between two segment sizes by the times it measures: every rank makes
+    # the same choices (or the exchanges would not match), and the bits never change.
+    A.WIRE_SEGMENT_ELEMENTS, A.WIRE_STREAM_SEGMENT_ELEMENTS = 1000, 3000
+    if N > 1:
+        A._segment_choosers[runtime()]._sizes.clear()
+        for k in range(2 * A.WIRE_SEGMENT_RETRY_CALLS + 2):
+            again = fastring.allreduce(x, compression=comp, prescale_factor=0.5, postscale_factor=3.0)
+            c.check_close(f"{comp} chosen segments, call {k}", again, one, 0)
+        learnt = A._segment_choosers[runtime()]._sizes[x.nbytes.bit_length()]
+        if learnt[0] != 2 * A.WIRE_SEGMENT_RETRY_CALLS + 2 or None in learnt:
+            c.fail(f"{comp}: the segment chooser did not time both sizes: {learnt}")
+        c.check_identical(f"{comp} chooser state", np.array(learnt, np.float64))
+    A.WIRE_SEGMENT_ELEMENTS, A.WIRE_STREAM_SEGMENT_ELEMENTS = default_segments
 
 # Averaging values near the fp16 maximum stays finite and exact (divide before the sum).
 for dtype in (np.float32, np.float16):
