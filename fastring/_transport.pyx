@@ -212,7 +212,7 @@ cdef class Transport:
                                          mpi.MPI_BYTE, self.comm))
                 addrs[0], addrs[1] = <uint64_t> &mark, <uint64_t> &slot
                 _sendrecv(self.comm, <char*> addrs, sizeof(addrs), left, <char*> right_addrs,
-                          sizeof(right_addrs), right, 5)
+                          sizeof(right_addrs), right, 11)
                 if self.size > 1 and local_size == self.size:
                     works = (_vm_copy(False, pids[right], <char*> &seen, right_addrs[0], 8) == 0
                              and seen == _PROBE_MARK + <uint64_t> right
@@ -867,7 +867,7 @@ cdef int _tree_broadcast(MPI_Comm comm, int rank, int size, int root, char* buf,
     return 0
 
 
-def single_copy_broadcast(Transport t, uintptr_t buf, int64_t nbytes, int root, int tag=10):
+def single_copy_broadcast(Transport t, uintptr_t buf, int64_t nbytes, int root, int tag=11):
     """Broadcast from `root` by copying straight between the ranks' memories (requires
     `t.single_copy`): every rank sends the root its buffer's address; the root writes the
     first part of the bytes into every other rank while each of them reads the rest from the
