@@ -28,9 +28,7 @@ from ._errors import FastringError
 
 # A chunk reduction: dst[i] = dst[i] op src[i] for i < count (elements, not bytes).
 ctypedef void (*reduce_fn_t)(void* dst, void* src, int64_t count) noexcept nogil
-# An element step of the ring on a 16-bit wire (kernels/cfuncs.py wire_cfunc): each reads
-# what it needs of this rank's input `src` (scaled by mul / div), the received 16-bit `recv`,
-# and writes the 16-bit `bits` to send on and/or the result `dst`.
+
 # Cross Memory Attach (Linux): copy between this process and another one on the same host in
 # one pass, without a shared-memory bounce buffer. Python.h defines _GNU_SOURCE, which
 # sys/uio.h needs to declare these.
@@ -43,6 +41,9 @@ cdef extern from "<sys/uio.h>" nogil:
     ssize_t process_vm_writev(pid_t pid, const iovec* local, unsigned long liovcnt,
                               const iovec* remote, unsigned long riovcnt, unsigned long flags)
 
+# An element step of the ring on a 16-bit wire (kernels/cfuncs.py wire_cfunc): each reads
+# what it needs of this rank's input `src` (scaled by mul / div), the received 16-bit `recv`,
+# and writes the 16-bit `bits` to send on and/or the result `dst`.
 ctypedef void (*wire_fn_t)(void* bits, void* src, void* recv, void* dst, int64_t count,
                            double mul, double div, double post) noexcept nogil
 
