@@ -19,7 +19,7 @@ import numpy as np
 from . import kernels
 from ._config import (RING_SEGMENT_BYTES, SMALL_MESSAGE_BYTES, WIRE_SEGMENT_ELEMENTS,
                       WIRE_SEGMENT_RETRY_CALLS, WIRE_STREAM_SEGMENT_ELEMENTS)
-from ._dtypes import DtypeSpec
+from ._dtypes import DtypeSpec, spec_of
 from ._transport import array_address, ring_reduce_scatter_to
 from ._ops import KERNEL_OP, MPI_BOOL_OP, MPI_OP, ReduceOp
 
@@ -231,10 +231,13 @@ _segment_choosers: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 def _slowest(rt, seconds: float) -> float:
     """The largest of every rank's `seconds`, the same on every rank."""
-    both = np.array([seconds, 0.0])
-    rt.transport.recursive_doubling(array_address(both), 8, array_address(both[1:]),
-                                    kernels.reduce_cfunc(KERNEL_OP[ReduceOp.Max], np.dtype(np.float64)), 8)
-    return float(both[0])
+    value = np.array([seconds])
+    RecursiveDoubling.run(rt, value, spec_of(value.dtype), ReduceOp.Max, _keep)
+    return float(value[0])
+
+
+def _keep(view: np.ndarray) -> None:
+    """A finalize that leaves the reduced values as they are."""
 
 
 ALGORITHMS = (MpiNative, RecursiveDoubling, Ring)
