@@ -138,3 +138,10 @@ def done(what: str) -> None:
     COMM.Barrier()
     if RANK == 0:
         print(f"OK {what} on {SIZE} ranks", flush=True)
+
+
+def pid_of_no_process() -> int:
+    """A process id no process can have (ids are below pid_max): to make a copy into or out
+    of another rank fail on purpose."""
+    with open("/proc/sys/kernel/pid_max") as f:
+        return int(f.read())
