@@ -10,17 +10,17 @@ Example:
 # which links against it without an rpath.
 from mpi4py import MPI  # noqa: F401  (import for its side effect)
 
-from ._errors import FastringError
-from .compression import Compression, Compressor
-from ._ops import ReduceOp
-from ._runtime import (cross_rank, cross_size, init, is_initialized, local_rank, local_size,
-                       rank, shutdown, size)
-from .api import (Average, Max, Min, Product, Sum, allreduce, allreduce_async, grouped_allreduce,
-                  grouped_allreduce_async, join, poll, start_timeline, stop_timeline,
-                  synchronize)
-from .collectives import (allgather, allgather_async, allgather_object, alltoall, alltoall_async,
-                          barrier, broadcast, broadcast_async, broadcast_object, reducescatter,
-                          reducescatter_async)
+from ._core.compression import Compression, Compressor
+from ._core.errors import FastringError
+from ._core.ops import ReduceOp
+from .api.allreduce import (Average, Max, Min, Product, Sum, allreduce, allreduce_async,
+                            grouped_allreduce, grouped_allreduce_async, join, poll, start_timeline,
+                            stop_timeline, synchronize)
+from .api.collectives import (allgather, allgather_async, allgather_object, alltoall, alltoall_async,
+                              barrier, broadcast, broadcast_async, broadcast_object, reducescatter,
+                              reducescatter_async)
+from .api.process import (cross_rank, cross_size, init, is_initialized, local_rank, local_size, rank,
+                          shutdown, size)
 from .engine import Handle
 
 

@@ -24,7 +24,7 @@ cimport mpi4py.libmpi as mpi
 from mpi4py.libmpi cimport MPI_Comm, MPI_Request, MPI_Count, MPI_Datatype, MPI_Op
 from mpi4py.MPI cimport Comm
 
-from ._errors import FastringError
+from ._core.errors import FastringError
 
 # A chunk reduction: dst[i] = dst[i] op src[i] for i < count (elements, not bytes).
 ctypedef void (*reduce_fn_t)(void* dst, void* src, int64_t count) noexcept nogil

@@ -17,7 +17,7 @@ import os
 import sys
 from typing import Sequence
 
-from fastring.bench import format_bytes
+from fastring.tools.bench import format_bytes
 
 LIBS = (("fastring", "fastring"), ("mpi", "MPI"))
 

@@ -78,7 +78,7 @@ def kernels(mib: float, reps: int) -> int:
     """
     from numba import config, cuda
 
-    from fastring._dtypes import BFLOAT16
+    from fastring._core.dtypes import BFLOAT16
     from fastring.kernels import KernelOp, cuda_kernels
 
     kc = cuda_kernels()
@@ -135,7 +135,7 @@ def allreduce(max_mib: float, reps: int) -> int:
     from numba import config, cuda
 
     import fastring
-    from fastring import device
+    from fastring._core import device
 
     fastring.init()
     rank, size = fastring.rank(), fastring.size()

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 import fastring
-from fastring import bench
+from fastring.tools import bench
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = os.path.dirname(sys.executable)

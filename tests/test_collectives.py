@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import fastring
-import fastring.collectives
+import fastring.api.collectives
 
 SIZES = [1, 2, 3, 4]
 ROWS_OPS = {  # the collectives that work on dimension 0, called with their minimal arguments
@@ -46,7 +46,7 @@ def test_exported():
 
 
 def test_docstring_examples(initialized):
-    result = doctest.testmod(fastring.collectives, optionflags=doctest.NORMALIZE_WHITESPACE)
+    result = doctest.testmod(fastring.api.collectives, optionflags=doctest.NORMALIZE_WHITESPACE)
     assert result.attempted > 10 and result.failed == 0
 
 
@@ -193,7 +193,7 @@ def test_buffer_protocol(initialized):
 
 
 def test_duplicate_name_in_flight(initialized):
-    engine = fastring._runtime.runtime().engine
+    engine = fastring._core.runtime.runtime().engine
     with engine._cycle_lock:  # hold cycles off so that the first request stays in flight
         h = fastring.allgather_async(np.ones(2), name="twice")
         with pytest.raises(ValueError, match="twice"):

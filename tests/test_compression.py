@@ -11,7 +11,7 @@ def test_compressed_allreduce(mpirun, n):
     mpirun(n, "compression")
 
 
-@pytest.mark.parametrize("comp, wire", [(Compression.fp16, np.float16), (Compression.bf16, fastring._dtypes.BFLOAT16)])
+@pytest.mark.parametrize("comp, wire", [(Compression.fp16, np.float16), (Compression.bf16, fastring._core.dtypes.BFLOAT16)])
 def test_compress_casts_floats_and_passes_integers(comp, wire):
     x = np.linspace(-2, 2, 9, dtype=np.float32)
     c, ctx = comp.compress(x)
@@ -45,7 +45,7 @@ def test_compression_argument_errors():
 
 def test_segment_chooser_tries_both_then_keeps_the_faster():
     from fastring.algorithms import SegmentChooser
-    from fastring._config import (WIRE_SEGMENT_ELEMENTS as SMALL, WIRE_SEGMENT_RETRY_CALLS as RETRY,
+    from fastring._core.config import (WIRE_SEGMENT_ELEMENTS as SMALL, WIRE_SEGMENT_RETRY_CALLS as RETRY,
                                   WIRE_STREAM_SEGMENT_ELEMENTS as LARGE)
     c, nbytes, chunk = SegmentChooser(), 64 << 20, 8 << 20
     assert not c.learns(SMALL) and c.segment(SMALL, 1 << 20) == SMALL  # one segment either way

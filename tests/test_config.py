@@ -1,7 +1,7 @@
 """FASTRING_* environment parsing: defaults from the contract and errors naming the variable."""
 import pytest
 
-from fastring import _config
+from fastring._core import config as _config
 
 
 def test_defaults_match_the_contract():

@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 
 import fastring
-from fastring import Compression, device
+from fastring import Compression
+from fastring._core import device
 
 cuda = pytest.importorskip("numba.cuda")
 from numba import config  # noqa: E402
@@ -169,7 +170,7 @@ def test_local_argument_errors(initialized):
 
 
 def test_one_gpu_per_process():
-    state = device._State()
+    state = device.DeviceState()
     state.claim(0)
     state.claim(0)
     with pytest.raises(ValueError, match="one GPU per process"):

@@ -63,7 +63,7 @@ def test_grouped_errors():
 def test_lone_allreduce_takes_plain_small_calls_only():
     """The latency path runs plain small numpy calls itself and hands everything else to the
     general path (None), which then gives the same result."""
-    from fastring import api
+    from fastring.api import allreduce as api
 
     fastring.init()
     x = np.arange(6, dtype=np.float32).reshape(2, 3)
@@ -88,7 +88,7 @@ def test_lone_allreduce_takes_plain_small_calls_only():
     frozen = np.ones(3, np.float32)
     frozen.flags.writeable = False
     assert api._lone_allreduce(frozen, fastring.Sum, None, frozen) is None
-    engine = fastring._runtime.runtime().engine
+    engine = fastring._core.runtime.runtime().engine
     with engine._cycle_lock:  # a request queued here: not taken, no name consumed
         h = fastring.allreduce_async(np.ones(2), name="queued")
         names = engine._noname.setdefault("allreduce", __import__("itertools").count())
@@ -104,7 +104,7 @@ def test_lone_allreduce_takes_plain_small_calls_only():
 
 def test_duplicate_name_in_flight_single_rank():
     fastring.init()
-    engine = fastring._runtime.runtime().engine
+    engine = fastring._core.runtime.runtime().engine
     with engine._cycle_lock:  # hold cycles off so that the first request stays in flight
         h = fastring.allreduce_async(np.ones(2), name="twice")
         with pytest.raises(ValueError, match="twice"):

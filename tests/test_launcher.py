@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from fastring import launcher
+from fastring.tools import launcher
 
 RUN = os.path.join(os.path.dirname(sys.executable), "fastring-run")
 

@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from fastring import _pool
+from fastring._core import pool as _pool
 
 
 def test_released_buffer_is_reused():

@@ -1,4 +1,4 @@
-"""Collectives on 2 ranks, launched as `mpiexec -n 2 python -m fastring.bench` (the mpiexec
+"""Collectives on 2 ranks, launched as `mpiexec -n 2 python -m fastring.tools.bench` (the mpiexec
 beside this Python), tracked as busbw in GB/s (nccl-tests' definition), with MPI's own
 collective measured in the same run on the same buffers, and their ratio.
 
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from .common import KIB, MIB, bench_rows
 
-OPS = ["allreduce", "allgather", "broadcast", "alltoall", "reducescatter"]  # fastring.bench.OPS
+OPS = ["allreduce", "allgather", "broadcast", "alltoall", "reducescatter"]  # fastring.tools.bench.OPS
 RANKS = 2
 SIZES = [64 * KIB, 16 * MIB]
 SWEEP = ["--min-bytes", str(SIZES[0]), "--max-bytes", str(SIZES[-1]), "--factor", "256",

@@ -1,5 +1,5 @@
 """Helpers shared by the benchmark modules (no names here start with time_ or track_, so asv
-collects nothing from this module). Only the collectives need fastring.bench; the kernel,
+collects nothing from this module). Only the collectives need fastring.tools.bench; the kernel,
 fusion and compression benchmarks use fastring's library API alone, so that history runs
 reach back to commits before fastring-bench existed."""
 from __future__ import annotations
@@ -62,11 +62,11 @@ def bench_rows(ranks: int, args: Sequence[str], timeout: float = 600) -> list[di
         >>> rows[0]["fastring"]["busbw"]  # doctest: +SKIP
         0.5
     """
-    from fastring.launcher import mpiexec_path
+    from fastring.tools.launcher import mpiexec_path
 
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "bench.json")
-        cmd = [mpiexec_path(), "-n", str(ranks), sys.executable, "-m", "fastring.bench",
+        cmd = [mpiexec_path(), "-n", str(ranks), sys.executable, "-m", "fastring.tools.bench",
                *args, "--no-progress", "--json", out]
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
         if proc.returncode != 0:

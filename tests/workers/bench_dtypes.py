@@ -3,7 +3,7 @@ bench.main() must return 0. (bfloat16 without --vs-mpi: MPI cannot reduce it.)""
 import sys
 
 import _common as c
-from fastring import bench
+from fastring.tools import bench
 
 failed = []
 for dtype in bench.DTYPES:

@@ -3,7 +3,7 @@ must count each corruption and main() must return 1. usage: bench_sabotage.py BE
 import sys
 
 import fastring
-from fastring import bench
+from fastring.tools import bench
 
 real_allreduce = fastring.allreduce
 

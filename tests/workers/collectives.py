@@ -14,7 +14,7 @@ import numpy as np
 
 import _common as c
 import fastring
-from fastring._runtime import runtime
+from fastring._core.runtime import runtime
 
 framework = sys.argv[1]
 N, R = c.SIZE, c.RANK

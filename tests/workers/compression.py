@@ -5,7 +5,7 @@ import numpy as np
 import _common as c
 import fastring
 from fastring import Compression
-from fastring._runtime import runtime
+from fastring._core.runtime import runtime
 
 fastring.init()
 N, R = c.SIZE, c.RANK
@@ -47,7 +47,7 @@ for comp in (Compression.fp16, Compression.bf16):
 
 # The ring runs segment by segment: chunks of many segments (the last one short), in place
 # or into out=, give the same bits as chunks of one segment.
-A = fastring.algorithms
+A = fastring.algorithms.allreduce
 default_segments = A.WIRE_SEGMENT_ELEMENTS, A.WIRE_STREAM_SEGMENT_ELEMENTS
 for comp in (Compression.fp16, Compression.bf16):
     x = (np.random.default_rng([11, R]).standard_normal(10007) * 100).astype(np.float32)

@@ -24,9 +24,11 @@ mode, scope = sys.argv[1], (sys.argv[2] if len(sys.argv) > 2 else "full")
 os.environ["FASTRING_CUDA_AWARE_MPI"] = "1" if mode == "aware" else "0"
 
 import fastring  # noqa: E402
-from fastring import Compression, FastringError, device  # noqa: E402
+from fastring import Compression, FastringError  # noqa: E402
+from fastring._core import device  # noqa: E402
+from fastring.algorithms import device as device_ring  # noqa: E402
 
-device.SEGMENT_BYTES = 128
+device_ring.DEVICE_SEGMENT_BYTES = 128
 fastring.init()
 N, R = c.SIZE, c.RANK
 SAME_ORDER = N <= 2  # host and device reductions associate identically

@@ -12,7 +12,7 @@ import fastring
 
 fastring.init()
 N, R = c.SIZE, c.RANK
-engine = fastring._runtime.runtime().engine
+engine = fastring._core.runtime.runtime().engine
 
 # --- out-of-order submission: every rank submits the same names in its own order
 names = [f"grad{i}" for i in range(12)]

@@ -24,7 +24,7 @@ def test_allreduce_matches_numpy(dtype, op, shape, prescale, postscale, algorith
         op = fastring.Sum
     if dtype.kind in "iub":
         prescale = postscale = 1.0  # integer scaling truncates; covered by the exact tests
-    if fastring.is_initialized() and fastring._runtime.runtime().config.algorithm != algorithm:
+    if fastring.is_initialized() and fastring._core.runtime.runtime().config.algorithm != algorithm:
         c.reinit(algorithm)
     inputs = [c.rank_input(dtype, shape, r, seed) for r in range(c.SIZE)]
     scaled = [(x.astype(np.float64) * prescale).astype(dtype) for x in inputs]

@@ -8,46 +8,18 @@ the postscale touch 1/N of the buffer in the ring instead of all of it.
 """
 from __future__ import annotations
 
-import contextlib
-import functools
 import time
 import weakref
-from typing import Callable, ContextManager
 
 import numpy as np
 
-from . import kernels
-from ._config import (RING_SEGMENT_BYTES, SMALL_MESSAGE_BYTES, WIRE_SEGMENT_ELEMENTS,
-                      WIRE_SEGMENT_RETRY_CALLS, WIRE_STREAM_SEGMENT_ELEMENTS)
-from ._dtypes import DtypeSpec, spec_of
-from ._transport import array_address, ring_reduce_scatter_to
-from ._ops import KERNEL_OP, MPI_BOOL_OP, MPI_OP, ReduceOp
-
-Finalize = Callable[[np.ndarray], None]
-Phase = Callable[[str], ContextManager]  # phase("reduce-scatter") times that phase (timeline)
-
-
-def no_phase(name: str) -> ContextManager:
-    return contextlib.nullcontext()
-
-
-@functools.lru_cache(maxsize=256)
-def chunk_offsets(count: int, parts: int, itemsize: int) -> np.ndarray:
-    """Byte offsets splitting `count` elements into `parts` chunks, the first count % parts
-    one element longer (the contract's reducescatter layout). Cached (training repeats the
-    same sizes), so the array is read-only.
-
-    Example:
-        >>> chunk_offsets(5, 2, 4).tolist()
-        [0, 12, 20]
-    """
-    base, extra = divmod(count, parts)
-    sizes = np.full(parts, base, np.int64)
-    sizes[:extra] += 1
-    offsets = np.zeros(parts + 1, np.int64)
-    np.cumsum(sizes * itemsize, out=offsets[1:])
-    offsets.flags.writeable = False
-    return offsets
+from .. import kernels
+from .._core.config import (RING_SEGMENT_BYTES, SMALL_MESSAGE_BYTES, WIRE_SEGMENT_ELEMENTS,
+                            WIRE_SEGMENT_RETRY_CALLS, WIRE_STREAM_SEGMENT_ELEMENTS)
+from .._core.dtypes import DtypeSpec, spec_of
+from .._core.ops import KERNEL_OP, MPI_BOOL_OP, MPI_OP, ReduceOp
+from .._transport import array_address, ring_reduce_scatter_to
+from .base import Finalize, Phase, chunk_offsets, no_phase
 
 
 class MpiNative:
@@ -249,7 +221,7 @@ def choose(setting: str, nbytes: int, spec: DtypeSpec):
     enabled one. A forced 'mpi' on a dtype MPI lacks falls back to recursive doubling.
 
     Example:
-        >>> from fastring._dtypes import spec_of
+        >>> from fastring._core.dtypes import spec_of
         >>> choose("auto", 1 << 30, spec_of("float32")).name
         'ring'
     """

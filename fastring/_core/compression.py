@@ -26,8 +26,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._dtypes import BFLOAT16
-from ._tensor import as_array, like
+from .dtypes import BFLOAT16
+from .tensor import as_array, like
 
 
 class Compressor:

@@ -19,25 +19,27 @@ makes them take turns, and the transport releases the GIL while bytes move.
 """
 from __future__ import annotations
 
-import functools
 import hashlib
 import itertools
 import logging
 import threading
 import time
-from dataclasses import dataclass
 from typing import Any, Callable
 
 import numpy as np
 
-from . import _pool, algorithms, kernels
-from ._config import SMALL_MESSAGE_BYTES
-from ._dtypes import SUPPORTED, DtypeSpec
-from ._errors import FastringError
-from .compression import Compression, Compressor
-from ._ops import KERNEL_OP, ReduceOp
-from ._transport import (SPECULATION_FAILED, array_address, copy_from_array, copy_to_array,
-                         is_c_contiguous)
+from .. import algorithms, kernels
+from .._core import pool as _pool
+from .._core.compression import Compression
+from .._core.config import SMALL_MESSAGE_BYTES
+from .._core.dtypes import SUPPORTED, DtypeSpec
+from .._core.errors import FastringError
+from .._core.ops import KERNEL_OP, ReduceOp
+from .._core.work import (AllreduceWork, Entry, divider, finalizer, nothing, pack, predivides,
+                          prescale)
+from .._transport import (SPECULATION_FAILED, array_address, copy_from_array, copy_to_array,
+                          is_c_contiguous)
+from .request import Handle, Request
 from .timeline import Timeline
 
 log = logging.getLogger("fastring")
@@ -48,101 +50,6 @@ CACHE_CAPACITY = 1 << 14
 HEADER_WORDS = 3
 # Byte offset of the speculative payload in a cycle block with w bit-vector words.
 PAYLOAD_OFFSET = [8 * (HEADER_WORDS + 2 * w) for w in range(CACHE_CAPACITY // 64 + 1)]
-
-
-class Handle:
-    """The future of one asynchronous collective; `wait()` returns its result.
-
-    Example:
-        >>> import numpy as np, fastring
-        >>> fastring.init()
-        >>> h = fastring.allreduce_async(np.ones(2), op=fastring.Sum)
-        >>> h.wait()
-        array([1., 1.])
-    """
-
-    __slots__ = ("name", "_engine", "_done", "_result", "_error")
-
-    def __init__(self, engine: "Engine", name: str):
-        self.name = name
-        self._engine = engine
-        self._done = False
-        self._result = None
-        self._error: BaseException | None = None
-
-    def done(self) -> bool:
-        """True once the collective finished (successfully or not); never blocks."""
-        return self._done
-
-    def wait(self):
-        """Block until the collective finishes; return its result or raise its error."""
-        if not self._done:
-            self._engine.drive(self)
-        if self._error is not None:
-            raise self._error
-        return self._result
-
-    def _finish(self, result=None, error: BaseException | None = None) -> None:
-        self._result, self._error = result, error
-        self._done = True
-        self._engine._notify_done()
-
-
-@dataclass(eq=False, slots=True)
-class Entry:
-    """One tensor of an allreduce: read `src`, reduce in `work` (contiguous), show `target`."""
-    src: np.ndarray
-    work: np.ndarray
-    target: np.ndarray
-    result: Any  # what the handle returns for this tensor
-
-
-@dataclass(eq=False, slots=True)
-class AllreduceWork:
-    spec: DtypeSpec
-    op: ReduceOp
-    prescale: float
-    postscale: float
-    entries: list[Entry]
-    grouped: bool  # the handle returns a list
-    compression: Compressor = Compression.none
-    device: str = "cpu"  # "cuda": entries hold device arrays, reduced by fastring/device.py
-    block: np.ndarray | None = None  # flat buffer that the entries' work arrays tile, if any
-
-    def own_buffer(self) -> np.ndarray | None:
-        """The contiguous buffer this request can be reduced in without a fusion buffer:
-        its block, or its single entry's work array; None if it must be packed."""
-        if self.block is not None:
-            return self.block
-        if len(self.entries) == 1:
-            return self.entries[0].work.reshape(-1)
-        return None
-
-    def key(self) -> tuple:
-        return (self.spec.name, int(self.op), self.prescale, self.postscale, self.compression.name,
-                self.device)
-
-    @property
-    def accumulator(self) -> np.dtype:
-        """The dtype reduced in: the tensor's own, or float32/float64 under compression."""
-        if self.compression.wire is None:
-            return self.spec.dtype
-        return np.dtype(np.float64) if self.spec.dtype == np.float64 else np.dtype(np.float32)
-
-
-@dataclass(eq=False, slots=True)
-class Request:
-    """A submitted collective. `fields` must be equal on every rank under one name."""
-    kind: str
-    name: str
-    fields: tuple
-    nbytes: int
-    handle: Handle
-    allreduce: AllreduceWork | None = None
-    execute: Callable | None = None  # other collectives: execute(runtime) -> result
-    submitted: float = 0.0
-    signature_hash: int = 0
-    next_report: float = float("inf")  # when the stall inspector looks at it next
 
 
 def _describe_mismatch(name: str, by_rank: dict[int, tuple]) -> str:
@@ -447,7 +354,7 @@ class Engine:
                 # as in _execute, an error of the reduction itself is the caller's alone
                 result = _pool.empty(arr.shape, arr.dtype) if out is None else out
                 flat = result.reshape(-1)
-                divide = _divider(self.rt.size) if op == ReduceOp.Average and self.rt.size > 1 else _nothing
+                divide = divider(self.rt.size) if op == ReduceOp.Average and self.rt.size > 1 else nothing
                 if small:
                     copy_to_array(result, self._block_address + PAYLOAD_OFFSET[words])
                     divide(flat)
@@ -517,9 +424,9 @@ class Engine:
             return False
         self._header[2] = req.nbytes
         work = req.allreduce
-        if not (len(work.entries) == 1 and work.prescale == 1.0 and not _predivides(work, self.rt.size)
+        if not (len(work.entries) == 1 and work.prescale == 1.0 and not predivides(work, self.rt.size)
                 and copy_from_array(self._block_address + PAYLOAD_OFFSET[words], work.entries[0].src)):
-            _pack(work, self._payload(words, req.nbytes, work.spec.dtype), self.rt.size)
+            pack(work, self._payload(words, req.nbytes, work.spec.dtype), self.rt.size)
         return True
 
     def _after_exchange(self, outcome: tuple, words: int, pending: list[Request],
@@ -595,12 +502,12 @@ class Engine:
         """The cycle reduced `req`'s payload: finalize it and hand it out."""
         work = req.allreduce
         e = work.entries[0]
-        if len(work.entries) == 1 and e.target is e.work and _finalizer(work, self.rt.size) is None:
+        if len(work.entries) == 1 and e.target is e.work and finalizer(work, self.rt.size) is None:
             copy_to_array(e.work, self._block_address + PAYLOAD_OFFSET[words])
             self._complete(req, [e.result] if work.grouped else e.result)
             return
         flat = self._payload(words, req.nbytes, work.spec.dtype)
-        finalize = _finalizer(work, self.rt.size)
+        finalize = finalizer(work, self.rt.size)
         if finalize is not None:
             finalize(flat)
         self._unpack_and_finish(req, flat)
@@ -752,9 +659,11 @@ class Engine:
             return
         work = batch[0].allreduce
         if work.device != "cpu":
-            from . import device
-
-            device.reduce_batch(self, batch)
+            names = [r.name for r in batch]
+            results = algorithms.device.reduce_batch(self.rt, names, [r.allreduce for r in batch],
+                                                     lambda what: self.timeline.span(names, what))
+            for r, result in zip(batch, results):
+                self._complete(r, result)
             return
         rt = self.rt
         names = [r.name for r in batch]
@@ -771,7 +680,7 @@ class Engine:
                         np.concatenate([e.src for e in work.entries], axis=None, out=own)
                     elif work.entries[0].src is not work.entries[0].work:
                         np.copyto(work.entries[0].work, work.entries[0].src)
-                    _prescale(work, own, rt.size)
+                    prescale(work, own, rt.size)
                     self._feed_back_error(batch[0], own)
                 self._reduce(names, own, work)
             for e in work.entries:
@@ -786,7 +695,7 @@ class Engine:
         with self.timeline.span(names, "pack"):
             offset = 0
             for r, n in zip(batch, counts):
-                _pack(r.allreduce, flat[offset:offset + n], rt.size)
+                pack(r.allreduce, flat[offset:offset + n], rt.size)
                 self._feed_back_error(r, flat[offset:offset + n])
                 offset += n
         self._reduce(names, flat, work)
@@ -813,7 +722,7 @@ class Engine:
             # the compressed ring scales its input as it reads it, and may write over it;
             # error feedback must change the input first
             return None if work.compression.error_feedback else e.src.reshape(-1)
-        if e.src is e.work or work.prescale != 1.0 or _predivides(work, self.rt.size):
+        if e.src is e.work or work.prescale != 1.0 or predivides(work, self.rt.size):
             return None
         return e.src.reshape(-1)
 
@@ -824,12 +733,12 @@ class Engine:
             # Under compression Average always divides first (_predivides), so what is left
             # after the reduction is the postscale; an input packed into `flat` is scaled.
             size = self.rt.size
-            scale = ((work.prescale, float(size) if _predivides(work, size) else 1.0, work.postscale)
+            scale = ((work.prescale, float(size) if predivides(work, size) else 1.0, work.postscale)
                      if src is not None else (1.0, 1.0, work.postscale))
             algorithms.CompressedRing.run(self.rt, flat, flat if src is None else src,
                                           work.compression.wire, work.op, scale, phase)
             return
-        self._run_plain(flat, work.spec, work.op, _finalizer(work, self.rt.size) or _nothing, phase, src)
+        self._run_plain(flat, work.spec, work.op, finalizer(work, self.rt.size) or nothing, phase, src)
 
     def _run_plain(self, flat: np.ndarray, spec: DtypeSpec, op: ReduceOp, finalize, phase,
                    src: np.ndarray | None = None) -> None:
@@ -897,10 +806,6 @@ def _clean(outcome: tuple, h: int) -> bool:
     return outcome[1] == h and not (outcome[0] or outcome[2] or outcome[3])
 
 
-def _nothing(view: np.ndarray) -> None:
-    pass
-
-
 def _bits(words: np.ndarray):
     for i, w in enumerate(words.tolist()):
         while w:
@@ -909,45 +814,3 @@ def _bits(words: np.ndarray):
             w ^= low
 
 
-def _predivides(work: AllreduceWork, size: int) -> bool:
-    # Summing values near a 16-bit format's maximum would overflow before the division (in
-    # the tensor itself, or on a compressed wire), so Average divides first there.
-    return (work.op == ReduceOp.Average and size > 1
-            and (work.spec.is_16bit_float or work.compression.wire is not None))
-
-
-def _prescale(work: AllreduceWork, flat: np.ndarray, size: int) -> None:
-    if work.prescale != 1.0:
-        kernels.scale_into(flat, work.prescale)
-    if _predivides(work, size):
-        kernels.divide_into(flat, size)
-
-
-def _pack(work: AllreduceWork, flat: np.ndarray, size: int) -> None:
-    offset = 0
-    for e in work.entries:
-        n = e.src.size
-        np.copyto(flat[offset:offset + n].reshape(e.src.shape), e.src, casting="unsafe")
-        offset += n
-    _prescale(work, flat, size)
-
-
-@functools.lru_cache(maxsize=None)
-def _divider(size: int) -> Callable[[np.ndarray], None]:
-    """Average's division by `size`, in place on a flat array."""
-    return lambda view: kernels.divide_into(view, size)
-
-
-def _finalizer(work: AllreduceWork, size: int) -> Callable[[np.ndarray], None] | None:
-    """What runs on fully reduced data (Average's division, the postscale), or None."""
-    divide = work.op == ReduceOp.Average and size > 1 and not _predivides(work, size)
-    postscale = work.postscale
-    if not divide and postscale == 1.0:
-        return None
-
-    def finalize(view: np.ndarray) -> None:
-        if divide:
-            kernels.divide_into(view, size)
-        if postscale != 1.0:
-            kernels.scale_into(view, postscale)
-    return finalize

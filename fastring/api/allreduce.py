@@ -2,54 +2,24 @@
 engine; the synchronous form is the asynchronous one plus a wait."""
 from __future__ import annotations
 
-import numbers
 from typing import Sequence
 
 import numpy as np
 
-from . import _pool, device
-from ._dtypes import SUPPORTED, DtypeSpec, spec_of
-from ._ops import OP_NAMES, ReduceOp, as_reduce_op
-from ._runtime import runtime
-from ._tensor import as_array, like
-from ._transport import is_writable_c_contiguous
-from .compression import Compression, Compressor, as_compressor
-from .engine import AllreduceWork, Entry, Handle, Request
+from . import device
+from .._core import pool as _pool
+from .._core.compression import Compression, Compressor, as_compressor
+from .._core.device import is_device_tensor
+from .._core.dtypes import SUPPORTED, DtypeSpec, spec_of
+from .._core.ops import OP_NAMES, ReduceOp, as_reduce_op
+from .._core.runtime import runtime
+from .._core.tensor import as_array, like
+from .._core.work import AllreduceWork, Entry
+from ..engine import Handle, Request
+from .validation import check_op_for_dtype, checked_name, entry, factor
 
 Average, Sum, Min, Max, Product = (ReduceOp.Average, ReduceOp.Sum, ReduceOp.Min,
                                    ReduceOp.Max, ReduceOp.Product)
-
-
-def _factor(value, what: str) -> float:
-    if type(value) is float:
-        return value
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError(f"{what} must be a real number, got {type(value).__name__}")
-    return float(value)
-
-
-def _name(name) -> str | None:
-    if name is not None and not isinstance(name, str):
-        raise TypeError(f"name must be a string, got {type(name).__name__}")
-    return name
-
-
-def _entry(tensor, arr: np.ndarray, out) -> Entry:
-    """Where one tensor's allreduce reads, works and writes; nothing is copied until it runs."""
-    if out is None:
-        work = _pool.empty(arr.shape, arr.dtype)
-        return Entry(arr, work, work, like(tensor, work))
-    target = arr if out is tensor else as_array(out, "out")
-    if target.shape != arr.shape:
-        raise ValueError(f"out has shape {target.shape}, the tensor {arr.shape}")
-    if target.dtype != arr.dtype:
-        raise TypeError(f"out has dtype {target.dtype}, the tensor {arr.dtype}")
-    if is_writable_c_contiguous(target):
-        return Entry(arr, target, target, out)
-    if not target.flags.writeable:
-        raise ValueError("out is read-only")
-    # A non-contiguous target is reduced through a contiguous copy, written back at the end.
-    return Entry(arr, np.empty(arr.shape, arr.dtype), target, out)
 
 
 def _grouped_entries(tensors, arrays: list[np.ndarray], dtype) -> tuple[list[Entry], np.ndarray]:
@@ -63,11 +33,6 @@ def _grouped_entries(tensors, arrays: list[np.ndarray], dtype) -> tuple[list[Ent
         entries.append(Entry(a, view, view, view if type(t) is np.ndarray else like(t, view)))
         offset = end
     return entries, block
-
-
-def _check_op_for_dtype(op: ReduceOp, spec: DtypeSpec) -> None:
-    if spec.name == "bool" and op == ReduceOp.Average:
-        raise TypeError("Average is not defined for bool tensors; use Sum (logical or) or Min/Max")
 
 
 def _fields(kind: str, spec: DtypeSpec, shapes: tuple, op: ReduceOp, prescale: float,
@@ -107,10 +72,10 @@ def _allreduce_request(kind: str, tensors: Sequence, outs: Sequence, op, name, c
     rt = runtime()
     compressor = compression if compression is Compression.none else as_compressor(compression)
     op = as_reduce_op(op)
-    prescale = _factor(prescale_factor, "prescale_factor")
-    postscale = _factor(postscale_factor, "postscale_factor")
-    name = _name(name)
-    if device.is_device_tensor(tensors[0]):
+    prescale = factor(prescale_factor, "prescale_factor")
+    postscale = factor(postscale_factor, "postscale_factor")
+    name = checked_name(name)
+    if is_device_tensor(tensors[0]):
         return device.allreduce_request(rt, kind, tensors, outs, op, name, compressor, prescale,
                                         postscale, grouped)
     if grouped:
@@ -127,14 +92,14 @@ def _allreduce_request(kind: str, tensors: Sequence, outs: Sequence, op, name, c
         shapes = arrays[0].shape
         nbytes = arrays[0].nbytes
     if not spec.is_float:
-        _check_op_for_dtype(op, spec)
+        check_op_for_dtype(op, spec)
         compressor = Compression.none  # integers and bools travel as they are
     if compressor.error_feedback and name is None:
         raise ValueError(f"{compressor!r} keeps a residual per tensor name; give the tensor a name")
     if grouped:
         entries, block = _grouped_entries(tensors, arrays, spec.dtype)
     else:
-        entries, block = [_entry(tensors[0], arrays[0], outs[0])], None
+        entries, block = [entry(tensors[0], arrays[0], outs[0])], None
     engine = rt.engine
     name = name or engine.auto_name(kind)
     fields = _fields(kind, spec, shapes, op, prescale, postscale, compressor)

@@ -1,50 +1,16 @@
-"""Process-wide state: the communicator, its topology and the configuration."""
+"""Starting and stopping fastring, and the rank layout: the public process functions."""
 from __future__ import annotations
 
 import atexit
 import logging
 
-import numpy as np
 from mpi4py import MPI
 
-from . import _config
-from ._transport import Transport
-
-log = logging.getLogger("fastring")
-
-
-class Runtime:
-    """What `init` sets up: a private duplicate of the communicator and the rank layout."""
-
-    def __init__(self, comm: MPI.Comm, config: _config.Config):
-        self.config = config
-        self.transport = Transport(comm)
-        self.rank = self.transport.rank
-        self.size = self.transport.size
-        local = comm.Split_type(MPI.COMM_TYPE_SHARED, key=self.rank)
-        self.local_rank, self.local_size = local.Get_rank(), local.Get_size()
-        cross = comm.Split(color=self.local_rank, key=self.rank)
-        self.cross_rank, self.cross_size = cross.Get_rank(), cross.Get_size()
-        local.Free()
-        cross.Free()
-        self.transport.enable_single_copy()
-        self._scratch = np.empty(0, np.uint8)
-        from .engine import Engine  # the engine sits above the runtime
-
-        self.engine = Engine(self)
-
-    def scratch(self, nbytes: int) -> np.ndarray:
-        """A reusable byte buffer of at least `nbytes` (grown, never shrunk)."""
-        if self._scratch.nbytes < nbytes:
-            self._scratch = np.empty(max(nbytes, 2 * self._scratch.nbytes), np.uint8)
-        return self._scratch
-
-    def close(self) -> None:
-        self.engine.shutdown()
-        self.transport.free()
+from .._core import config as _config
+from .._core.runtime import Runtime, current, install, log, runtime
+from ..engine import Engine
 
 
-_runtime: Runtime | None = None
 _atexit_registered = False
 
 
@@ -60,8 +26,8 @@ def init(comm: MPI.Comm | None = None) -> None:
         >>> fastring.size() >= 1
         True
     """
-    global _runtime, _atexit_registered
-    if _runtime is not None:
+    global _atexit_registered
+    if current() is not None:
         return
     if comm is None:
         comm = MPI.COMM_WORLD
@@ -70,7 +36,9 @@ def init(comm: MPI.Comm | None = None) -> None:
     config = _config.from_environment()
     logging.basicConfig()
     log.setLevel(config.log_level.upper())
-    _runtime = Runtime(comm, config)
+    rt = Runtime(comm, config)
+    rt.engine = Engine(rt)
+    install(rt)
     if not _atexit_registered:
         # Runs before mpi4py finalizes MPI (atexit is last-in, first-out): ranks finish the
         # cycles their peers still expect and write the timeline.
@@ -86,10 +54,10 @@ def shutdown() -> None:
         >>> fastring.init(); fastring.shutdown(); fastring.is_initialized()
         False
     """
-    global _runtime
-    if _runtime is not None:
-        _runtime.close()
-        _runtime = None
+    rt = current()
+    if rt is not None:
+        rt.close()
+        install(None)
 
 
 def is_initialized() -> bool:
@@ -100,14 +68,7 @@ def is_initialized() -> bool:
         >>> fastring.init(); fastring.is_initialized()
         True
     """
-    return _runtime is not None
-
-
-def runtime() -> Runtime:
-    """The live Runtime, or ValueError telling the user to call init first."""
-    if _runtime is None:
-        raise ValueError("fastring has not been initialized; call fastring.init() first")
-    return _runtime
+    return current() is not None
 
 
 def rank() -> int:

@@ -6,7 +6,7 @@ import sys
 
 import numpy as np
 
-from ._dtypes import BFLOAT16
+from .dtypes import BFLOAT16
 
 
 def _module_of(obj) -> str:

@@ -5,46 +5,29 @@ Each is one Request for the engine, built by one `_<op>_request` function that b
 synchronous form (`engine.run`) and the `_async` form (`engine.submit`) use. Arguments are
 checked at call time (ValueError/TypeError on the calling rank); what only the ranks together
 can check (dtype, trailing dimensions, root rank, op, scale factors) goes into the request's
-fields, which the engine compares across ranks before anything moves. The data movement is
-fastring's own, in the Cython transport with the GIL released:
-
-- allgather: dim-0 sizes are gathered first, then the ring (`ring_allgather`) circulates the
-  rows: (N-1)/N of the result's bytes cross each link once.
-- broadcast: when every rank is on one host, large messages are copied straight between
-  the ranks' memories (`single_copy_broadcast`): the root writes the leading part of the
-  bytes into each rank while every rank reads the rest, so the root copies too instead of
-  waiting. Otherwise a binomial tree for small messages and on two ranks; above that a
-  chain, pipelined in segments, whose time hardly grows with N.
-- alltoall: the row counts are exchanged first, then N-1 pairwise exchange steps.
-- reducescatter: a ring reduce-scatter that receives partial results straight into scratch
-  and reduces this rank's input into them, so the input is neither copied nor modified and
-  the last step lands in the result.
+fields, which the engine compares across ranks before anything moves. How the bytes move is
+`fastring.algorithms.collectives`.
 """
 from __future__ import annotations
 
-import functools
-import itertools
-import math
 import numbers
-import os
 import pickle
 from typing import Any, Callable
 
 import numpy as np
 
-from . import _pool, kernels
-from ._config import (BROADCAST_CHAIN_BYTES, BROADCAST_SEGMENT_BYTES, BROADCAST_SINGLE_COPY_BYTES,
-                      RING_SEGMENT_BYTES)
-from ._dtypes import DtypeSpec, spec_of
-from ._errors import FastringError
-from ._ops import KERNEL_OP, ReduceOp, as_reduce_op
-from ._runtime import Runtime, log, runtime
-from ._tensor import as_array, like
-from ._transport import (array_address, chain_broadcast, is_c_contiguous, pairwise_alltoall,
-                         ring_reduce_scatter_into, single_copy_broadcast, tree_broadcast)
-from .algorithms import chunk_offsets
-from .api import _check_op_for_dtype, _entry, _factor, _name
-from .engine import AllreduceWork, Engine, Handle, Request, _finalizer, _predivides, _prescale
+from .._core import pool as _pool
+from .._core.dtypes import DtypeSpec, spec_of
+from .._core.errors import FastringError
+from .._core.ops import ReduceOp, as_reduce_op
+from .._core.runtime import Runtime, runtime
+from .._core.tensor import as_array, like
+from .._core.work import AllreduceWork
+from .._transport import is_c_contiguous
+from ..algorithms.collectives import (allgather_rows, alltoall_rows, broadcast_bytes, byte_offsets,
+                                      gather_counts, reduce_scatter_rows)
+from ..engine import Engine, Handle, Request
+from .validation import check_op_for_dtype, checked_name, entry, factor
 
 try:
     import cloudpickle as _pickler  # lambdas, closures, classes defined in __main__
@@ -73,24 +56,6 @@ def _rows_array(tensor, kind: str) -> tuple[np.ndarray, DtypeSpec]:
     return arr, spec
 
 
-def _row_bytes(arr: np.ndarray) -> int:
-    return arr.dtype.itemsize * math.prod(arr.shape[1:])
-
-
-def _offsets(counts: np.ndarray, unit: int) -> np.ndarray:
-    """Byte offsets of consecutive blocks of counts[i] units of `unit` bytes."""
-    # Python ints: for a few ranks, NumPy's per-call overhead would dominate
-    return np.array([0, *itertools.accumulate(c * unit for c in counts.tolist())], np.int64)
-
-
-@functools.lru_cache(maxsize=None)
-def _one_word_each(size: int) -> np.ndarray:
-    """Offsets for exchanging one int64 with every rank (read-only, shared)."""
-    offsets = _offsets(np.ones(size, np.int64), 8)
-    offsets.flags.writeable = False
-    return offsets
-
-
 def _root(root_rank, size: int) -> int:
     if isinstance(root_rank, bool) or not isinstance(root_rank, numbers.Integral):
         raise TypeError(f"root_rank must be an integer, got {type(root_rank).__name__}")
@@ -100,52 +65,16 @@ def _root(root_rank, size: int) -> int:
     return root
 
 
-def _gather_counts(rt: Runtime, value: int) -> np.ndarray:
-    """Every rank's `value`, in rank order (a ring allgather of one int64 each)."""
-    counts = np.zeros(rt.size, np.int64)
-    counts[rt.rank] = value
-    if rt.size > 1:
-        rt.transport.ring_allgather(array_address(counts), _one_word_each(rt.size))
-    return counts
-
-
-def _allgather_rows(rt: Runtime, src: np.ndarray, counts: np.ndarray, out: np.ndarray) -> None:
-    """Concatenate every rank's rows into `out` (C-contiguous; counts[r] rows from rank r)."""
-    offsets = _offsets(counts, _row_bytes(out))
-    start = sum(counts.tolist()[:rt.rank])
-    np.copyto(out[start:start + src.shape[0]], src)
-    if rt.size > 1 and offsets[-1]:
-        # The others read this rank's rows from its input, not from `out`, which stays
-        # quick to write the next time it is handed out (see Transport.ring_allgather).
-        own = array_address(src) if src.size and is_c_contiguous(src) else 0
-        rt.transport.ring_allgather(array_address(out), offsets, own=own)
-
-
-def _broadcast_bytes(rt: Runtime, buf: np.ndarray, root: int) -> None:
-    """Broadcast a C-contiguous array's bytes from `root` into the same array elsewhere."""
-    if rt.size == 1 or buf.nbytes == 0:
-        return
-    if rt.transport.single_copy and buf.nbytes >= BROADCAST_SINGLE_COPY_BYTES:
-        failed = single_copy_broadcast(rt.transport, array_address(buf), buf.nbytes, root)
-        if failed:
-            log.warning("single-copy broadcast failed (%s); it was sent as MPI messages "
-                        "instead, as every broadcast will be from now on", os.strerror(failed))
-    elif rt.size > 2 and buf.nbytes > BROADCAST_CHAIN_BYTES:
-        chain_broadcast(rt.transport, array_address(buf), buf.nbytes, root, BROADCAST_SEGMENT_BYTES)
-    else:
-        tree_broadcast(rt.transport, array_address(buf), buf.nbytes, root)
-
-
 # ----------------------------------------------------------------- allgather
 def _allgather_request(tensor, name) -> tuple[Engine, Request]:
     rt = runtime()
-    name = _name(name)
+    name = checked_name(name)
     arr, spec = _rows_array(tensor, "allgather")
 
     def execute(rt: Runtime):
-        counts = _gather_counts(rt, arr.shape[0])
+        counts = gather_counts(rt, arr.shape[0])
         out = _pool.empty((int(counts.sum()),) + arr.shape[1:], arr.dtype)
-        _allgather_rows(rt, arr, counts, out)
+        allgather_rows(rt, arr, counts, out)
         return like(tensor, out)
 
     fields = (("dtype", spec.name), ("trailing_shape", arr.shape[1:]), ("device", "cpu"))
@@ -187,22 +116,22 @@ def allgather(tensor, *, name: str | None = None):
 # ----------------------------------------------------------------- broadcast
 def _broadcast_request(tensor, root_rank, name, out) -> tuple[Engine, Request]:
     rt = runtime()
-    name = _name(name)
+    name = checked_name(name)
     root = _root(root_rank, rt.size)
     arr = as_array(tensor)
     spec = spec_of(arr.dtype)
-    e = _entry(tensor, arr, out)
+    e = entry(tensor, arr, out)
 
     def execute(rt: Runtime):
         if rt.rank == root and e.work is not e.src and is_c_contiguous(e.src):
             # Sent from the input, so that the others' reads leave the result's cache lines
             # to the root alone (see Transport.ring_allgather).
-            _broadcast_bytes(rt, e.src, root)
+            broadcast_bytes(rt, e.src, root)
             np.copyto(e.work, e.src)
         else:
             if rt.rank == root and e.work is not e.src:
                 np.copyto(e.work, e.src)
-            _broadcast_bytes(rt, e.work, root)
+            broadcast_bytes(rt, e.work, root)
         if e.target is not e.work:
             np.copyto(e.target, e.work)
         return e.result
@@ -278,20 +207,12 @@ def _send_rows(splits, dim0: int, size: int) -> np.ndarray:
 
 def _alltoall_request(tensor, splits, name) -> tuple[Engine, Request]:
     rt = runtime()
-    name = _name(name)
+    name = checked_name(name)
     arr, spec = _rows_array(tensor, "alltoall")
     send_rows = _send_rows(splits, arr.shape[0], rt.size)
 
     def execute(rt: Runtime):
-        recv_rows = np.empty(rt.size, np.int64)
-        unit = _one_word_each(rt.size)
-        pairwise_alltoall(rt.transport, array_address(send_rows), unit, array_address(recv_rows), unit)
-        out = _pool.empty((int(recv_rows.sum()),) + arr.shape[1:], arr.dtype)
-        row_bytes = _row_bytes(arr)
-        if row_bytes:  # equal on every rank: the trailing shape is negotiated
-            src = arr if is_c_contiguous(arr) else np.ascontiguousarray(arr[:int(send_rows.sum())])
-            pairwise_alltoall(rt.transport, array_address(src), _offsets(send_rows, row_bytes),
-                              array_address(out), _offsets(recv_rows, row_bytes))
+        out, recv_rows = alltoall_rows(rt, arr, send_rows)
         result = like(tensor, out)
         if splits is None:
             return result
@@ -342,39 +263,15 @@ def alltoall(tensor, splits=None, *, name: str | None = None):
 def _reducescatter_request(tensor, op, name, prescale_factor, postscale_factor) -> tuple[Engine, Request]:
     rt = runtime()
     op = as_reduce_op(op)
-    prescale = _factor(prescale_factor, "prescale_factor")
-    postscale = _factor(postscale_factor, "postscale_factor")
-    name = _name(name)
+    prescale = factor(prescale_factor, "prescale_factor")
+    postscale = factor(postscale_factor, "postscale_factor")
+    name = checked_name(name)
     arr, spec = _rows_array(tensor, "reducescatter")
-    _check_op_for_dtype(op, spec)
+    check_op_for_dtype(op, spec)
     work = AllreduceWork(spec, op, prescale, postscale, [], False)
 
     def execute(rt: Runtime):
-        itemsize = spec.dtype.itemsize
-        offsets = chunk_offsets(arr.shape[0], rt.size, _row_bytes(arr))
-        rows = chunk_offsets(arr.shape[0], rt.size, 1)
-        out = _pool.empty((int(rows[rt.rank + 1] - rows[rt.rank]),) + arr.shape[1:], arr.dtype)
-        largest = int(offsets[1] - offsets[0])  # chunk 0 is never shorter than another
-        segment = max(itemsize, RING_SEGMENT_BYTES - RING_SEGMENT_BYTES % itemsize)
-        # Scratch: two chunks for the ring, then (when the input must be scaled first) a copy
-        # of the input.
-        scaled_at = -(-2 * largest // 64) * 64
-        need_copy = prescale != 1.0 or _predivides(work, rt.size)
-        scratch = rt.scratch(scaled_at + (arr.nbytes if need_copy else 0))
-        src = arr
-        if need_copy:
-            src = scratch[scaled_at:scaled_at + arr.nbytes].view(arr.dtype).reshape(arr.shape)
-            np.copyto(src, arr)
-            _prescale(work, src.reshape(-1), rt.size)
-        elif not is_c_contiguous(arr):
-            src = np.ascontiguousarray(arr)
-        if offsets[-1]:
-            ring_reduce_scatter_into(rt.transport, array_address(src), offsets, array_address(out),
-                                     array_address(scratch), segment,
-                                     kernels.reduce_cfunc(KERNEL_OP[op], spec.dtype), itemsize)
-        finalize = _finalizer(work, rt.size)
-        if finalize is not None:
-            finalize(out.reshape(-1))
+        out = reduce_scatter_rows(rt, arr, work)
         return like(tensor, out)
 
     fields = (("dtype", spec.name), ("shape", arr.shape), ("op", op.name),
@@ -461,7 +358,7 @@ def broadcast_object(obj: Any, root_rank: int = 0, name: str | None = None) -> A
         {'epoch': 3}
     """
     rt = runtime()
-    name = _name(name)
+    name = checked_name(name)
     root = _root(root_rank, rt.size)
 
     def execute(rt: Runtime):
@@ -469,11 +366,11 @@ def broadcast_object(obj: Any, root_rank: int = 0, name: str | None = None) -> A
         data = None
         if rt.rank == root:
             data, header[0] = _serialize(obj)
-        _broadcast_bytes(rt, header, root)
+        broadcast_bytes(rt, header, root)
         word = int(header[0])
         if rt.rank != root:
             data = np.empty(_length(word), np.uint8)
-        _broadcast_bytes(rt, data, root)
+        broadcast_bytes(rt, data, root)
         if word < 0:
             raise FastringError(f"broadcast_object: rank {root} could not pickle the object: "
                                 f"{data.tobytes().decode('utf-8', 'replace')}")
@@ -495,15 +392,15 @@ def allgather_object(obj: Any, name: str | None = None) -> list:
         [{'rank': 0}]
     """
     rt = runtime()
-    name = _name(name)
+    name = checked_name(name)
 
     def execute(rt: Runtime):
         data, word = _serialize(obj)
-        words = _gather_counts(rt, word)
+        words = gather_counts(rt, word)
         lengths = np.array([_length(int(w)) for w in words], np.int64)
         out = np.empty(int(lengths.sum()), np.uint8)
-        _allgather_rows(rt, data, lengths, out)
-        bounds = _offsets(lengths, 1)
+        allgather_rows(rt, data, lengths, out)
+        bounds = byte_offsets(lengths, 1)
         pieces = [out[bounds[r]:bounds[r + 1]] for r in range(rt.size)]
         failed = [r for r in range(rt.size) if words[r] < 0]
         if failed:

@@ -38,6 +38,27 @@ BROADCAST_SEGMENT_BYTES = 256 * 1024
 # just written): single copy / tree 7.4 / 6.1 µs at 8 KiB, 10.2 / 10.0 at 64 KiB, 13.1 / 14.6
 # at 128 KiB, 19.3 / 23.9 at 256 KiB.
 BROADCAST_SINGLE_COPY_BYTES = SMALL_MESSAGE_BYTES
+# Bytes per pipelined segment of the device ring: large enough that a copy costs far more than
+# its launch, small enough that the copies of one segment hide behind the exchange of the next.
+DEVICE_SEGMENT_BYTES = 1 << 20
+
+
+def cuda_aware_setting(env: dict | None = None) -> bool | None:
+    """FASTRING_CUDA_AWARE_MPI: True (1) or False (0) if set, None to ask MPI.
+
+    Read when the first device allreduce runs, not at init, so it may be set late.
+
+    Example:
+        >>> cuda_aware_setting({"FASTRING_CUDA_AWARE_MPI": "1"})
+        True
+    """
+    env = os.environ if env is None else env
+    setting = env.get("FASTRING_CUDA_AWARE_MPI", "").strip().lower()
+    if not setting:
+        return None
+    if setting not in ("0", "1", "true", "false", "yes", "no"):
+        raise ValueError(f"FASTRING_CUDA_AWARE_MPI={setting!r} is not one of 1, 0")
+    return setting in ("1", "true", "yes")
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,138 @@
+"""How the bytes of allgather, broadcast, alltoall and reducescatter move, once the engine
+has agreed that every rank runs them.
+
+- allgather: dim-0 sizes are gathered first, then the ring (`ring_allgather`) circulates the
+  rows: (N-1)/N of the result's bytes cross each link once.
+- broadcast: when every rank is on one host, large messages are copied straight between
+  the ranks' memories (`single_copy_broadcast`): the root writes the leading part of the
+  bytes into each rank while every rank reads the rest, so the root copies too instead of
+  waiting. Otherwise a binomial tree for small messages and on two ranks; above that a
+  chain, pipelined in segments, whose time hardly grows with N.
+- alltoall: the row counts are exchanged first, then N-1 pairwise exchange steps.
+- reducescatter: a ring reduce-scatter that receives partial results straight into scratch
+  and reduces this rank's input into them, so the input is neither copied nor modified and
+  the last step lands in the result.
+"""
+from __future__ import annotations
+
+import functools
+import itertools
+import logging
+import math
+import os
+
+import numpy as np
+
+from .. import kernels
+from .._core import pool as _pool
+from .._core.config import (BROADCAST_CHAIN_BYTES, BROADCAST_SEGMENT_BYTES, BROADCAST_SINGLE_COPY_BYTES,
+                            RING_SEGMENT_BYTES)
+from .._core.ops import KERNEL_OP
+from .._core.work import AllreduceWork, finalizer, predivides, prescale
+from .._transport import (array_address, chain_broadcast, is_c_contiguous, pairwise_alltoall,
+                          ring_reduce_scatter_into, single_copy_broadcast, tree_broadcast)
+from .base import chunk_offsets
+
+log = logging.getLogger("fastring")
+
+
+def row_bytes(arr: np.ndarray) -> int:
+    return arr.dtype.itemsize * math.prod(arr.shape[1:])
+
+
+def byte_offsets(counts: np.ndarray, unit: int) -> np.ndarray:
+    """Byte offsets of consecutive blocks of counts[i] units of `unit` bytes."""
+    # Python ints: for a few ranks, NumPy's per-call overhead would dominate
+    return np.array([0, *itertools.accumulate(c * unit for c in counts.tolist())], np.int64)
+
+
+@functools.lru_cache(maxsize=None)
+def _one_word_each(size: int) -> np.ndarray:
+    """Offsets for exchanging one int64 with every rank (read-only, shared)."""
+    offsets = byte_offsets(np.ones(size, np.int64), 8)
+    offsets.flags.writeable = False
+    return offsets
+
+
+def gather_counts(rt, value: int) -> np.ndarray:
+    """Every rank's `value`, in rank order (a ring allgather of one int64 each)."""
+    counts = np.zeros(rt.size, np.int64)
+    counts[rt.rank] = value
+    if rt.size > 1:
+        rt.transport.ring_allgather(array_address(counts), _one_word_each(rt.size))
+    return counts
+
+
+def allgather_rows(rt, src: np.ndarray, counts: np.ndarray, out: np.ndarray) -> None:
+    """Concatenate every rank's rows into `out` (C-contiguous; counts[r] rows from rank r)."""
+    offsets = byte_offsets(counts, row_bytes(out))
+    start = sum(counts.tolist()[:rt.rank])
+    np.copyto(out[start:start + src.shape[0]], src)
+    if rt.size > 1 and offsets[-1]:
+        # The others read this rank's rows from its input, not from `out`, which stays
+        # quick to write the next time it is handed out (see Transport.ring_allgather).
+        own = array_address(src) if src.size and is_c_contiguous(src) else 0
+        rt.transport.ring_allgather(array_address(out), offsets, own=own)
+
+
+def broadcast_bytes(rt, buf: np.ndarray, root: int) -> None:
+    """Broadcast a C-contiguous array's bytes from `root` into the same array elsewhere."""
+    if rt.size == 1 or buf.nbytes == 0:
+        return
+    if rt.transport.single_copy and buf.nbytes >= BROADCAST_SINGLE_COPY_BYTES:
+        failed = single_copy_broadcast(rt.transport, array_address(buf), buf.nbytes, root)
+        if failed:
+            log.warning("single-copy broadcast failed (%s); it was sent as MPI messages "
+                        "instead, as every broadcast will be from now on", os.strerror(failed))
+    elif rt.size > 2 and buf.nbytes > BROADCAST_CHAIN_BYTES:
+        chain_broadcast(rt.transport, array_address(buf), buf.nbytes, root, BROADCAST_SEGMENT_BYTES)
+    else:
+        tree_broadcast(rt.transport, array_address(buf), buf.nbytes, root)
+
+
+
+def alltoall_rows(rt, arr: np.ndarray, send_rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Send send_rows[r] consecutive rows of `arr` to rank r; return (the rows received, in
+    rank order, and how many came from each rank)."""
+    recv_rows = np.empty(rt.size, np.int64)
+    unit = _one_word_each(rt.size)
+    pairwise_alltoall(rt.transport, array_address(send_rows), unit, array_address(recv_rows), unit)
+    out = _pool.empty((int(recv_rows.sum()),) + arr.shape[1:], arr.dtype)
+    unit_bytes = row_bytes(arr)
+    if unit_bytes:  # equal on every rank: the trailing shape is negotiated
+        src = arr if is_c_contiguous(arr) else np.ascontiguousarray(arr[:int(send_rows.sum())])
+        pairwise_alltoall(rt.transport, array_address(src), byte_offsets(send_rows, unit_bytes),
+                          array_address(out), byte_offsets(recv_rows, unit_bytes))
+    return out, recv_rows
+
+
+def reduce_scatter_rows(rt, arr: np.ndarray, work: AllreduceWork) -> np.ndarray:
+    """This rank's rows of the reduction of every rank's `arr` (split on dim 0, the first
+    d0 % N ranks one row more), scaled as `work` says; `arr` is left as it is."""
+    spec, op = work.spec, work.op
+    itemsize = spec.dtype.itemsize
+    offsets = chunk_offsets(arr.shape[0], rt.size, row_bytes(arr))
+    rows = chunk_offsets(arr.shape[0], rt.size, 1)
+    out = _pool.empty((int(rows[rt.rank + 1] - rows[rt.rank]),) + arr.shape[1:], arr.dtype)
+    largest = int(offsets[1] - offsets[0])  # chunk 0 is never shorter than another
+    segment = max(itemsize, RING_SEGMENT_BYTES - RING_SEGMENT_BYTES % itemsize)
+    # Scratch: two chunks for the ring, then (when the input must be scaled first) a copy
+    # of the input.
+    scaled_at = -(-2 * largest // 64) * 64
+    need_copy = work.prescale != 1.0 or predivides(work, rt.size)
+    scratch = rt.scratch(scaled_at + (arr.nbytes if need_copy else 0))
+    src = arr
+    if need_copy:
+        src = scratch[scaled_at:scaled_at + arr.nbytes].view(arr.dtype).reshape(arr.shape)
+        np.copyto(src, arr)
+        prescale(work, src.reshape(-1), rt.size)
+    elif not is_c_contiguous(arr):
+        src = np.ascontiguousarray(arr)
+    if offsets[-1]:
+        ring_reduce_scatter_into(rt.transport, array_address(src), offsets, array_address(out),
+                                 array_address(scratch), segment,
+                                 kernels.reduce_cfunc(KERNEL_OP[op], spec.dtype), itemsize)
+    finalize = finalizer(work, rt.size)
+    if finalize is not None:
+        finalize(out.reshape(-1))
+    return out

@@ -1,0 +1,51 @@
+"""Argument checks every collective shares: local errors (TypeError/ValueError) raised at call
+time on the calling rank, before anything is queued."""
+from __future__ import annotations
+
+import numbers
+
+import numpy as np
+
+from .._core import pool as _pool
+from .._core.dtypes import DtypeSpec
+from .._core.ops import ReduceOp
+from .._core.tensor import as_array, like
+from .._core.work import Entry
+from .._transport import is_writable_c_contiguous
+
+
+def factor(value, what: str) -> float:
+    if type(value) is float:
+        return value
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{what} must be a real number, got {type(value).__name__}")
+    return float(value)
+
+
+def checked_name(name) -> str | None:
+    if name is not None and not isinstance(name, str):
+        raise TypeError(f"name must be a string, got {type(name).__name__}")
+    return name
+
+
+def entry(tensor, arr: np.ndarray, out) -> Entry:
+    """Where one tensor's allreduce reads, works and writes; nothing is copied until it runs."""
+    if out is None:
+        work = _pool.empty(arr.shape, arr.dtype)
+        return Entry(arr, work, work, like(tensor, work))
+    target = arr if out is tensor else as_array(out, "out")
+    if target.shape != arr.shape:
+        raise ValueError(f"out has shape {target.shape}, the tensor {arr.shape}")
+    if target.dtype != arr.dtype:
+        raise TypeError(f"out has dtype {target.dtype}, the tensor {arr.dtype}")
+    if is_writable_c_contiguous(target):
+        return Entry(arr, target, target, out)
+    if not target.flags.writeable:
+        raise ValueError("out is read-only")
+    # A non-contiguous target is reduced through a contiguous copy, written back at the end.
+    return Entry(arr, np.empty(arr.shape, arr.dtype), target, out)
+
+
+def check_op_for_dtype(op: ReduceOp, spec: DtypeSpec) -> None:
+    if spec.name == "bool" and op == ReduceOp.Average:
+        raise TypeError("Average is not defined for bool tensors; use Sum (logical or) or Min/Max")

@@ -1,0 +1,65 @@
+"""A submitted collective (`Request`) and the future its caller holds (`Handle`)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable
+
+from .._core.work import AllreduceWork
+
+if TYPE_CHECKING:
+    from .engine import Engine
+
+
+class Handle:
+    """The future of one asynchronous collective; `wait()` returns its result.
+
+    Example:
+        >>> import numpy as np, fastring
+        >>> fastring.init()
+        >>> h = fastring.allreduce_async(np.ones(2), op=fastring.Sum)
+        >>> h.wait()
+        array([1., 1.])
+    """
+
+    __slots__ = ("name", "_engine", "_done", "_result", "_error")
+
+    def __init__(self, engine: "Engine", name: str):
+        self.name = name
+        self._engine = engine
+        self._done = False
+        self._result = None
+        self._error: BaseException | None = None
+
+    def done(self) -> bool:
+        """True once the collective finished (successfully or not); never blocks."""
+        return self._done
+
+    def wait(self):
+        """Block until the collective finishes; return its result or raise its error."""
+        if not self._done:
+            self._engine.drive(self)
+        if self._error is not None:
+            raise self._error
+        return self._result
+
+    def _finish(self, result=None, error: BaseException | None = None) -> None:
+        self._result, self._error = result, error
+        self._done = True
+        self._engine._notify_done()
+
+
+@dataclass(eq=False, slots=True)
+class Request:
+    """A submitted collective. `fields` must be equal on every rank under one name."""
+    kind: str
+    name: str
+    fields: tuple
+    nbytes: int
+    handle: Handle
+    allreduce: AllreduceWork | None = None
+    execute: Callable | None = None  # other collectives: execute(runtime) -> result
+    submitted: float = 0.0
+    signature_hash: int = 0
+    next_report: float = float("inf")  # when the stall inspector looks at it next
+
+

@@ -1,0 +1,1 @@
+"""Command-line tools: `fastring-run` (launcher) and `fastring-bench` (bench)."""
