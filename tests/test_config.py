@@ -20,8 +20,16 @@ def test_values_are_read():
 
 
 @pytest.mark.parametrize("key, value", [("FASTRING_FUSION_THRESHOLD", "lots"), ("FASTRING_FUSION_THRESHOLD", "-1"),
-                                        ("FASTRING_ALGORITHM", "tree"), ("FASTRING_LOG_LEVEL", "loud"),
+                                        ("FASTRING_LOG_LEVEL", "loud"),
                                         ("FASTRING_CYCLE_TIME", "fast")])
 def test_bad_values_name_the_variable(key, value):
     with pytest.raises(ValueError, match=key):
         _config.from_environment({key: value})
+
+
+def test_unknown_algorithm_names_the_variable_and_the_choices():
+    from fastring.algorithms import check_setting
+
+    c = _config.from_environment({"FASTRING_ALGORITHM": "Tree"})
+    with pytest.raises(ValueError, match=r"FASTRING_ALGORITHM='tree' is not one of auto, mpi, recursive_doubling, ring"):
+        check_setting(c.algorithm)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-ALGORITHMS = ("auto", "ring", "recursive_doubling", "mpi")
 LOG_LEVELS = ("warning", "info", "debug")
 
 # Messages up to this size take a latency algorithm under FASTRING_ALGORITHM=auto, and a
@@ -104,7 +103,8 @@ def from_environment(env: dict | None = None) -> Config:
     return Config(
         fusion_threshold=_number(env, "FASTRING_FUSION_THRESHOLD", d.fusion_threshold, int),
         cycle_time_ms=_number(env, "FASTRING_CYCLE_TIME", d.cycle_time_ms, float),
-        algorithm=_choice(env, "FASTRING_ALGORITHM", d.algorithm, ALGORITHMS),
+        # the names are the algorithm registry's; `init` checks them (algorithms.check_setting)
+        algorithm=env.get("FASTRING_ALGORITHM", d.algorithm).strip().lower() or d.algorithm,
         timeline=env.get("FASTRING_TIMELINE") or None,
         stall_check_time=_number(env, "FASTRING_STALL_CHECK_TIME", d.stall_check_time, float),
         stall_shutdown_time=_number(env, "FASTRING_STALL_SHUTDOWN_TIME", d.stall_shutdown_time, float),

@@ -1,10 +1,13 @@
-"""Algorithms: how the bytes of one collective move, each over the transport and the kernels.
+"""Algorithms: how the bytes of one collective move, over the transport and the kernels.
 
-`choose` picks an allreduce algorithm; `device.reduce_batch` runs the device ring.
+`registry.choose` picks the algorithm for every collective; `allreduce` holds the host
+allreduce algorithms, `device` the device ring, `collectives` the data movement of allgather,
+broadcast, alltoall and reducescatter, `base` what they share.
 """
-from . import device
-from .allreduce import ALGORITHMS, CompressedRing, MpiNative, RecursiveDoubling, Ring, SegmentChooser, choose
-from .base import Finalize, Phase, chunk_offsets, no_phase
+from .allreduce import CompressedRing, InCycle, MpiNative, RecursiveDoubling, Ring, SegmentChooser
+from .base import Finalize, Message, Phase, Reduction, chunk_offsets, no_phase
+from .registry import REGISTRY, SELECTABLE, broadcast_bytes, check_setting, choose
 
-__all__ = ["ALGORITHMS", "CompressedRing", "MpiNative", "RecursiveDoubling", "Ring", "SegmentChooser",
-           "choose", "chunk_offsets", "device", "Finalize", "Phase", "no_phase"]
+__all__ = ["REGISTRY", "SELECTABLE", "CompressedRing", "InCycle", "MpiNative", "RecursiveDoubling", "Ring",
+           "SegmentChooser", "Finalize", "Message", "Phase", "Reduction", "broadcast_bytes", "check_setting",
+           "choose", "chunk_offsets", "no_phase"]

@@ -1,10 +1,10 @@
-"""Allreduce algorithms over a flat, contiguous buffer, reduced in place.
+"""Host allreduce algorithms over a flat, contiguous buffer, reduced in place.
 
-An ordered list; under FASTRING_ALGORITHM=auto the first algorithm whose `enabled` accepts
-the message wins, otherwise the named one runs (the MPI library's own allreduce only where
-MPI has the dtype: float16 and bfloat16 then take recursive doubling). Each `run` calls
-`finalize(view)` exactly once per element on fully reduced data, so Average's division and
-the postscale touch 1/N of the buffer in the ring instead of all of it.
+Each has `accepts(message)` (would it take this message under FASTRING_ALGORITHM=auto),
+`available(message)` (can it run it at all, when forced by name) and `run(rt, reduction)`.
+`run` calls `reduction.finalize(view)` exactly once per element on fully reduced data, so
+Average's division and the postscale touch 1/N of the buffer in the ring instead of all of
+it. Which one runs is `fastring.algorithms.registry.choose`.
 """
 from __future__ import annotations
 
@@ -16,95 +16,35 @@ import numpy as np
 from .. import kernels
 from .._core.config import (RING_SEGMENT_BYTES, SMALL_MESSAGE_BYTES, WIRE_SEGMENT_ELEMENTS,
                             WIRE_SEGMENT_RETRY_CALLS, WIRE_STREAM_SEGMENT_ELEMENTS)
-from .._core.dtypes import DtypeSpec, spec_of
+from .._core.dtypes import spec_of
 from .._core.ops import KERNEL_OP, MPI_BOOL_OP, MPI_OP, ReduceOp
 from .._transport import array_address, ring_reduce_scatter_to
-from .base import Finalize, Phase, chunk_offsets, no_phase
+from .base import Message, Reduction, chunk_offsets
 
 
-class MpiNative:
-    """The MPI library's own MPI_Allreduce: lowest latency for small messages."""
+class InCycle:
+    """Small host allreduces travel inside the negotiation cycle that agrees on them: every
+    rank proposes the same request and the cycle's own exchange reduces its bytes, so a lone
+    synchronous small allreduce costs one message exchange. The engine's negotiation runs it;
+    a small message that did not ride in a cycle takes the next algorithm that accepts it."""
 
-    name = "mpi"
-
-    @staticmethod
-    def enabled(nbytes: int, spec: DtypeSpec) -> bool:
-        return spec.mpi_code is not None and nbytes <= SMALL_MESSAGE_BYTES
-
-    @staticmethod
-    def available(spec: DtypeSpec) -> bool:
-        return spec.mpi_code is not None
+    name = "in_cycle"
+    selectable = False
 
     @staticmethod
-    def run(rt, flat: np.ndarray, spec: DtypeSpec, op: ReduceOp, finalize: Finalize,
-            phase: Phase = no_phase) -> None:
-        codes = MPI_BOOL_OP if spec.name == "bool" else MPI_OP
-        addr = array_address(flat)
-        with phase("mpi-allreduce"):
-            rt.transport.mpi_allreduce(addr, addr, flat.size, spec.mpi_code, codes[op])
-            finalize(flat)
-
-
-class RecursiveDoubling:
-    """log2(N) whole-buffer exchanges, reducing with fastring's kernels (any dtype)."""
-
-    name = "recursive_doubling"
+    def fits(nbytes: int, device: str = "cpu", wire: str | None = None) -> bool:
+        """Whether a message of this size, device and wire format fits in a cycle."""
+        return nbytes <= SMALL_MESSAGE_BYTES and wire is None and device == "cpu"
 
     @staticmethod
-    def enabled(nbytes: int, spec: DtypeSpec) -> bool:
-        return nbytes <= SMALL_MESSAGE_BYTES
+    def accepts(m: Message) -> bool:
+        return m.may_ride_cycle and InCycle.fits(m.nbytes, m.device, m.wire)
+
+    available = accepts
 
     @staticmethod
-    def available(spec: DtypeSpec) -> bool:
-        return True
-
-    @staticmethod
-    def run(rt, flat: np.ndarray, spec: DtypeSpec, op: ReduceOp, finalize: Finalize,
-            phase: Phase = no_phase) -> None:
-        with phase("recursive-doubling"):
-            if rt.size > 1:
-                tmp = rt.scratch(flat.nbytes)
-                rt.transport.recursive_doubling(array_address(flat), flat.nbytes, array_address(tmp),
-                                                kernels.reduce_cfunc(KERNEL_OP[op], spec.dtype),
-                                                spec.dtype.itemsize)
-            finalize(flat)
-
-
-class Ring:
-    """Bandwidth-optimal ring: reduce-scatter in cache-sized segments, then allgather."""
-
-    name = "ring"
-
-    @staticmethod
-    def enabled(nbytes: int, spec: DtypeSpec) -> bool:
-        return True
-
-    @staticmethod
-    def available(spec: DtypeSpec) -> bool:
-        return True
-
-    @staticmethod
-    def run(rt, flat: np.ndarray, spec: DtypeSpec, op: ReduceOp, finalize: Finalize,
-            phase: Phase = no_phase, src: np.ndarray | None = None) -> None:
-        """Reduce `flat` in place, or, given a C-contiguous `src` of the same size, reduce
-        `src` into `flat` without copying it there first."""
-        itemsize = spec.dtype.itemsize
-        offsets = chunk_offsets(flat.size, rt.size, itemsize)
-        segment = max(itemsize, RING_SEGMENT_BYTES - RING_SEGMENT_BYTES % itemsize)
-        reduce_fn = kernels.reduce_cfunc(KERNEL_OP[op], spec.dtype)
-        with phase("reduce-scatter"):
-            if src is not None:
-                ring_reduce_scatter_to(rt.transport, array_address(src), offsets, array_address(flat),
-                                       segment, reduce_fn, itemsize)
-            elif rt.size > 1:
-                tmp = rt.scratch(2 * segment)
-                rt.transport.ring_reduce_scatter(array_address(flat), offsets, array_address(tmp), segment,
-                                                 reduce_fn, itemsize)
-            lo, hi = offsets[rt.rank] // itemsize, offsets[rt.rank + 1] // itemsize
-            finalize(flat[lo:hi])
-        with phase("allgather"):
-            if rt.size > 1:
-                rt.transport.ring_allgather(array_address(flat), offsets)
+    def run(rt, r: Reduction) -> None:
+        raise AssertionError("the negotiation cycle reduces in-cycle messages itself")
 
 
 class CompressedRing:
@@ -115,14 +55,23 @@ class CompressedRing:
     owner of a chunk included, decodes the same bits: results are bitwise identical."""
 
     name = "compressed_ring"
+    selectable = False
 
     @staticmethod
-    def run(rt, dst: np.ndarray, src: np.ndarray, wire: str, op: ReduceOp,
-            scale: tuple[float, float, float], phase: Phase = no_phase) -> None:
-        """dst = round16(reduce(src * mul / div) * post) for scale = (mul, div, post); src
-        and dst are flat float32/float64 arrays of one size and dtype (dst may be src)."""
+    def accepts(m: Message) -> bool:
+        return m.wire is not None and m.device == "cpu"
+
+    available = accepts
+
+    @staticmethod
+    def run(rt, r: Reduction) -> None:
+        """flat = round16(reduce(src * mul / div) * post) for r.scale = (mul, div, post); src
+        (r.flat itself when r.src is None) and flat are float32/float64 arrays of one size."""
+        dst = r.flat
+        src = dst if r.src is None else r.src
+        wire, op, phase = r.wire, r.op, r.phase
         count, acc = dst.size, dst.dtype
-        mul, div, post = scale
+        mul, div, post = r.scale
         if rt.size == 1:  # no wire, but the same single rounding to 16 bits
             with phase("reduce-scatter"):
                 if src is not dst:
@@ -150,6 +99,91 @@ class CompressedRing:
                                              mul, div, post)
         if chooser.learns(largest_chunk):
             chooser.record(dst.nbytes, segment, _slowest(rt, time.perf_counter() - began))
+
+
+class MpiNative:
+    """The MPI library's own MPI_Allreduce: lowest latency for small messages."""
+
+    name = "mpi"
+    selectable = True
+
+    @staticmethod
+    def accepts(m: Message) -> bool:
+        return m.spec.mpi_code is not None and m.nbytes <= SMALL_MESSAGE_BYTES
+
+    @staticmethod
+    def available(m: Message) -> bool:
+        return m.spec.mpi_code is not None
+
+    @staticmethod
+    def run(rt, r: Reduction) -> None:
+        flat, spec = r.input_in_flat(), r.spec
+        codes = MPI_BOOL_OP if spec.name == "bool" else MPI_OP
+        addr = array_address(flat)
+        with r.phase("mpi-allreduce"):
+            rt.transport.mpi_allreduce(addr, addr, flat.size, spec.mpi_code, codes[r.op])
+            r.finalize(flat)
+
+
+class RecursiveDoubling:
+    """log2(N) whole-buffer exchanges, reducing with fastring's kernels (any dtype)."""
+
+    name = "recursive_doubling"
+    selectable = True
+
+    @staticmethod
+    def accepts(m: Message) -> bool:
+        return m.nbytes <= SMALL_MESSAGE_BYTES
+
+    @staticmethod
+    def available(m: Message) -> bool:
+        return True
+
+    @staticmethod
+    def run(rt, r: Reduction) -> None:
+        flat, spec = r.input_in_flat(), r.spec
+        with r.phase("recursive-doubling"):
+            if rt.size > 1:
+                tmp = rt.scratch(flat.nbytes)
+                rt.transport.recursive_doubling(array_address(flat), flat.nbytes, array_address(tmp),
+                                                kernels.reduce_cfunc(KERNEL_OP[r.op], spec.dtype),
+                                                spec.dtype.itemsize)
+            r.finalize(flat)
+
+
+class Ring:
+    """Bandwidth-optimal ring: reduce-scatter in cache-sized segments, then allgather. It reads
+    an unscaled input (`r.src`) where it lies, without copying it into the result first."""
+
+    name = "ring"
+    selectable = True
+
+    @staticmethod
+    def accepts(m: Message) -> bool:
+        return True
+
+    available = accepts
+
+    @staticmethod
+    def run(rt, r: Reduction) -> None:
+        flat, spec, src = r.flat, r.spec, r.src
+        itemsize = spec.dtype.itemsize
+        offsets = chunk_offsets(flat.size, rt.size, itemsize)
+        segment = max(itemsize, RING_SEGMENT_BYTES - RING_SEGMENT_BYTES % itemsize)
+        reduce_fn = kernels.reduce_cfunc(KERNEL_OP[r.op], spec.dtype)
+        with r.phase("reduce-scatter"):
+            if src is not None:
+                ring_reduce_scatter_to(rt.transport, array_address(src), offsets, array_address(flat),
+                                       segment, reduce_fn, itemsize)
+            elif rt.size > 1:
+                tmp = rt.scratch(2 * segment)
+                rt.transport.ring_reduce_scatter(array_address(flat), offsets, array_address(tmp), segment,
+                                                 reduce_fn, itemsize)
+            lo, hi = offsets[rt.rank] // itemsize, offsets[rt.rank + 1] // itemsize
+            r.finalize(flat[lo:hi])
+        with r.phase("allgather"):
+            if rt.size > 1:
+                rt.transport.ring_allgather(array_address(flat), offsets)
 
 
 class SegmentChooser:
@@ -204,30 +238,5 @@ _segment_choosers: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 def _slowest(rt, seconds: float) -> float:
     """The largest of every rank's `seconds`, the same on every rank."""
     value = np.array([seconds])
-    RecursiveDoubling.run(rt, value, spec_of(value.dtype), ReduceOp.Max, _keep)
+    RecursiveDoubling.run(rt, Reduction(value, spec_of(value.dtype), ReduceOp.Max))
     return float(value[0])
-
-
-def _keep(view: np.ndarray) -> None:
-    """A finalize that leaves the reduced values as they are."""
-
-
-ALGORITHMS = (MpiNative, RecursiveDoubling, Ring)
-_BY_NAME = {a.name: a for a in ALGORITHMS}
-
-
-def choose(setting: str, nbytes: int, spec: DtypeSpec):
-    """The algorithm for one allreduce: FASTRING_ALGORITHM's choice, or under 'auto' the first
-    enabled one. A forced 'mpi' on a dtype MPI lacks falls back to recursive doubling.
-
-    Example:
-        >>> from fastring._core.dtypes import spec_of
-        >>> choose("auto", 1 << 30, spec_of("float32")).name
-        'ring'
-    """
-    if setting == "auto":
-        for algorithm in ALGORITHMS:
-            if algorithm.enabled(nbytes, spec):
-                return algorithm
-    algorithm = _BY_NAME[setting]
-    return algorithm if algorithm.available(spec) else RecursiveDoubling

@@ -4,16 +4,72 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from typing import Callable, ContextManager
+from dataclasses import dataclass
+from typing import Any, Callable, ContextManager
 
 import numpy as np
+
+from .._core.dtypes import DtypeSpec
+from .._core.ops import ReduceOp
+from .._core.work import nothing
 
 Finalize = Callable[[np.ndarray], None]
 Phase = Callable[[str], ContextManager]  # phase("reduce-scatter") times that phase (timeline)
 
 
 def no_phase(name: str) -> ContextManager:
+    """A Phase that records nothing."""
     return contextlib.nullcontext()
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    """What the registry chooses an algorithm by: the collective, its size and dtype, where the
+    tensors live, the wire format, and the runtime (rank count, hosts, single copy).
+
+    `may_ride_cycle`: the message can still travel inside the negotiation cycle (False once
+    the negotiation has agreed on it without carrying it).
+    """
+    collective: str
+    nbytes: int
+    spec: DtypeSpec | None = None
+    device: str = "cpu"
+    wire: str | None = None
+    rt: Any = None
+    may_ride_cycle: bool = True
+
+
+@dataclass(slots=True)
+class Reduction:
+    """One allreduce of a flat, contiguous buffer as an algorithm sees it.
+
+    `flat` receives the result. `src`, if given, is the unscaled input of the same size read
+    where it lies (the ring reads it directly; the others copy it into `flat` first);
+    otherwise `flat` holds the input. `finalize` runs once on every fully reduced element
+    (Average's division, the postscale). Under compression `wire` names the 16-bit format and
+    `scale` = (mul, div, post) is applied to the input as it is read and to the result.
+
+    Example:
+        >>> from fastring._core.dtypes import spec_of
+        >>> r = Reduction(np.ones(4, np.float32), spec_of("float32"), ReduceOp.Sum)
+        >>> r.input_in_flat().tolist()
+        [1.0, 1.0, 1.0, 1.0]
+    """
+    flat: np.ndarray
+    spec: DtypeSpec
+    op: ReduceOp
+    finalize: Finalize = nothing
+    phase: Phase = no_phase
+    src: np.ndarray | None = None
+    wire: str | None = None
+    scale: tuple[float, float, float] = (1.0, 1.0, 1.0)
+
+    def input_in_flat(self) -> np.ndarray:
+        """`flat`, holding the input (copied from `src` if it was elsewhere)."""
+        if self.src is not None:
+            np.copyto(self.flat, self.src)
+            self.src = None
+        return self.flat
 
 
 @functools.lru_cache(maxsize=256)

@@ -31,7 +31,7 @@ from .._core.ops import KERNEL_OP
 from .._core.work import AllreduceWork, finalizer, predivides, prescale
 from .._transport import (array_address, chain_broadcast, is_c_contiguous, pairwise_alltoall,
                           ring_reduce_scatter_into, single_copy_broadcast, tree_broadcast)
-from .base import chunk_offsets
+from .base import Message, chunk_offsets
 
 log = logging.getLogger("fastring")
 
@@ -75,20 +75,50 @@ def allgather_rows(rt, src: np.ndarray, counts: np.ndarray, out: np.ndarray) -> 
         rt.transport.ring_allgather(array_address(out), offsets, own=own)
 
 
-def broadcast_bytes(rt, buf: np.ndarray, root: int) -> None:
-    """Broadcast a C-contiguous array's bytes from `root` into the same array elsewhere."""
-    if rt.size == 1 or buf.nbytes == 0:
-        return
-    if rt.transport.single_copy and buf.nbytes >= BROADCAST_SINGLE_COPY_BYTES:
+class SingleCopyBroadcast:
+    """Every rank on one host: the root writes the leading part of the bytes into each rank
+    while every rank reads the rest (Cross Memory Attach), so the root copies too."""
+
+    name = "single_copy"
+
+    @staticmethod
+    def accepts(m: Message) -> bool:
+        return m.rt.transport.single_copy and m.nbytes >= BROADCAST_SINGLE_COPY_BYTES
+
+    @staticmethod
+    def run(rt, buf: np.ndarray, root: int) -> None:
         failed = single_copy_broadcast(rt.transport, array_address(buf), buf.nbytes, root)
         if failed:
             log.warning("single-copy broadcast failed (%s); it was sent as MPI messages "
                         "instead, as every broadcast will be from now on", os.strerror(failed))
-    elif rt.size > 2 and buf.nbytes > BROADCAST_CHAIN_BYTES:
-        chain_broadcast(rt.transport, array_address(buf), buf.nbytes, root, BROADCAST_SEGMENT_BYTES)
-    else:
-        tree_broadcast(rt.transport, array_address(buf), buf.nbytes, root)
 
+
+class ChainBroadcast:
+    """A chain pipelined in segments: its time hardly grows with the number of ranks."""
+
+    name = "chain"
+
+    @staticmethod
+    def accepts(m: Message) -> bool:
+        return m.rt.size > 2 and m.nbytes > BROADCAST_CHAIN_BYTES
+
+    @staticmethod
+    def run(rt, buf: np.ndarray, root: int) -> None:
+        chain_broadcast(rt.transport, array_address(buf), buf.nbytes, root, BROADCAST_SEGMENT_BYTES)
+
+
+class TreeBroadcast:
+    """A binomial tree: log2(N) rounds of whole messages, the latency choice."""
+
+    name = "tree"
+
+    @staticmethod
+    def accepts(m: Message) -> bool:
+        return True
+
+    @staticmethod
+    def run(rt, buf: np.ndarray, root: int) -> None:
+        tree_broadcast(rt.transport, array_address(buf), buf.nbytes, root)
 
 
 def alltoall_rows(rt, arr: np.ndarray, send_rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

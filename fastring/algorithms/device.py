@@ -28,7 +28,7 @@ from .._core.dtypes import BFLOAT16, DtypeSpec
 from .._core.ops import KERNEL_OP, ReduceOp
 from .._core.work import AllreduceWork, Entry, predivides
 from .._transport import array_address
-from .base import Phase, chunk_offsets
+from .base import Message, Phase, chunk_offsets
 
 _RS_TAG, _AG_TAG = 6, 7  # MPI tags of the device ring (the host algorithms use 1-5)
 
@@ -375,3 +375,18 @@ def reduce_batch(rt: Any, names: list[str], works: list[AllreduceWork],
         if state.streams is None:
             state.streams = (cuda.stream(), cuda.stream())
         return _Batch(rt, state, names, works, phase).run()
+
+
+class DeviceRing:
+    """Allreduce of device (CUDA) tensors: the batch is fused and reduced on its GPU."""
+
+    name = "device_ring"
+    selectable = False
+    batched = True  # runs whole fused batches: `run_batch`, not `run`
+
+    @staticmethod
+    def accepts(m: Message) -> bool:
+        return m.device == "cuda"
+
+    available = accepts
+    run_batch = staticmethod(reduce_batch)

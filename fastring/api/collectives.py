@@ -24,8 +24,9 @@ from .._core.runtime import Runtime, runtime
 from .._core.tensor import as_array, like
 from .._core.work import AllreduceWork
 from .._transport import is_c_contiguous
-from ..algorithms.collectives import (allgather_rows, alltoall_rows, broadcast_bytes, byte_offsets,
-                                      gather_counts, reduce_scatter_rows)
+from ..algorithms import broadcast_bytes
+from ..algorithms.collectives import (allgather_rows, alltoall_rows, byte_offsets, gather_counts,
+                                      reduce_scatter_rows)
 from ..engine import Engine, Handle, Request
 from .validation import check_op_for_dtype, checked_name, entry, factor
 

@@ -8,6 +8,7 @@ from mpi4py import MPI
 
 from .._core import config as _config
 from .._core.runtime import Runtime, current, install, log, runtime
+from ..algorithms import check_setting
 from ..engine import Engine
 
 
@@ -34,6 +35,7 @@ def init(comm: MPI.Comm | None = None) -> None:
     if not isinstance(comm, MPI.Comm):
         raise TypeError(f"comm must be an mpi4py communicator, got {type(comm).__name__}")
     config = _config.from_environment()
+    check_setting(config.algorithm)
     logging.basicConfig()
     log.setLevel(config.log_level.upper())
     rt = Runtime(comm, config)

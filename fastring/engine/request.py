@@ -2,12 +2,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable
+from typing import Any, Callable
 
+from .. import algorithms
 from .._core.work import AllreduceWork
-
-if TYPE_CHECKING:
-    from .engine import Engine
 
 
 class Handle:
@@ -23,7 +21,8 @@ class Handle:
 
     __slots__ = ("name", "_engine", "_done", "_result", "_error")
 
-    def __init__(self, engine: "Engine", name: str):
+    def __init__(self, engine: Any, name: str):
+        # engine: the Engine that drives this handle's cycles when a caller waits on it
         self.name = name
         self._engine = engine
         self._done = False
@@ -61,5 +60,17 @@ class Request:
     submitted: float = 0.0
     signature_hash: int = 0
     next_report: float = float("inf")  # when the stall inspector looks at it next
+    _rides_cycle: bool | None = None
+
+    @property
+    def rides_cycle(self) -> bool:
+        """Whether this request's bytes travel inside the negotiation cycle that proposes it
+        (the registry's in-cycle algorithm accepts it)."""
+        if self._rides_cycle is None:
+            work = self.allreduce
+            self._rides_cycle = work is not None and algorithms.choose(
+                "allreduce", self.nbytes, work.spec, device=work.device,
+                wire=work.compression.wire) is algorithms.InCycle
+        return self._rides_cycle
 
 

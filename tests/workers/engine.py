@@ -108,8 +108,8 @@ if N > 1:
 
 # --- fusion: 100 async tensors of one dtype go out in far fewer reductions
 batches = []
-original = engine._reduce_batch
-engine._reduce_batch = lambda batch: (batches.append(len(batch)), original(batch))[1]
+original = engine._executor._reduce_batch
+engine._executor._reduce_batch = lambda batch: (batches.append(len(batch)), original(batch))[1]
 xs = [np.full(1000, float(i), np.float32) for i in range(100)]
 c.COMM.Barrier()
 hs = [fastring.allreduce_async(x, op=fastring.Sum, name=f"fuse{i}") for i, x in enumerate(xs)]
@@ -130,7 +130,7 @@ c.check_close("mix c", h_c.wait(), np.full(5, N - 1), 0)
 g = fastring.grouped_allreduce([np.ones(3), np.full((2, 2), 2.0)], op=fastring.Sum, name="group")
 c.check_close("group 0", g[0], np.full(3, N), 0)
 c.check_close("group 1", g[1], np.full((2, 2), 2.0 * N), 0)
-engine._reduce_batch = original
+engine._executor._reduce_batch = original
 
 # --- timeline
 if len(sys.argv) > 1:

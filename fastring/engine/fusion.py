@@ -1,0 +1,173 @@
+"""Execution of agreed requests: allreduces of one key are fused into batches of at most the
+fusion threshold and each batch is reduced by one algorithm run; every other collective runs
+its own `execute`. The same batches run in the same order on every rank."""
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+
+from .. import algorithms, kernels
+from .._core.work import AllreduceWork, finalizer, nothing, pack, predivides, prescale
+from .._transport import is_c_contiguous
+from .request import Request
+
+Complete = Callable[..., None]  # complete(request, result=None, error=None)
+
+
+class Executor:
+    """Runs agreed requests for one engine; `complete` hands each request its outcome."""
+
+    def __init__(self, rt, timeline, complete: Complete):
+        self.rt = rt
+        self.config = rt.config
+        self.timeline = timeline
+        self.complete = complete
+        self._fusion = np.empty(0, np.uint8)
+        self.residuals: dict[str, np.ndarray] = {}  # error feedback, by tensor name
+
+    def phase(self, names) -> algorithms.Phase:
+        """The timeline phases of the requests `names`."""
+        return lambda what: self.timeline.span(names, what)
+
+    def execute(self, ready: list[Request]) -> None:
+        """Run `ready` (agreed, in the same order on every rank); an error of one group of
+        requests is theirs alone and goes to their handles."""
+        groups: dict[tuple, list[Request]] = {}
+        for r in ready:
+            key = ("allreduce",) + r.allreduce.key() if r.allreduce is not None else ("single", r.name)
+            groups.setdefault(key, []).append(r)
+        for key, reqs in groups.items():
+            try:
+                if key[0] == "allreduce":
+                    self._run_allreduce(reqs)
+                else:
+                    with self.timeline.span(reqs[0].name, reqs[0].kind):
+                        result = reqs[0].execute(self.rt)
+                    self.complete(reqs[0], result)
+            except Exception as e:  # noqa: BLE001 - the error belongs to these handles
+                for r in reqs:
+                    self.complete(r, error=e)
+
+    def _run_allreduce(self, reqs: list[Request]) -> None:
+        threshold = max(self.config.fusion_threshold, 1)
+        batch: list[Request] = []
+        batch_bytes = 0
+        for r in reqs + [None]:
+            if r is None or (batch and batch_bytes + r.nbytes > threshold):
+                if batch:
+                    self._reduce_batch(batch)
+                batch, batch_bytes = [], 0
+            if r is not None:
+                batch.append(r)
+                batch_bytes += r.nbytes
+
+    def _reduce_batch(self, batch: list[Request]) -> None:
+        work = batch[0].allreduce
+        names = [r.name for r in batch]
+        algorithm = algorithms.choose("allreduce", sum(r.nbytes for r in batch), work.spec, device=work.device,
+                                      wire=work.compression.wire, rt=self.rt, setting=self.config.algorithm,
+                                      may_ride_cycle=False)
+        if getattr(algorithm, "batched", False):
+            results = algorithm.run_batch(self.rt, names, [r.allreduce for r in batch], self.phase(names))
+            for r, result in zip(batch, results):
+                self.complete(r, result)
+            return
+        own = work.own_buffer() if len(batch) == 1 else None
+        if own is not None and own.dtype == work.accumulator:
+            src = self._unscaled_source(work, algorithm)
+            if src is None:
+                with self.timeline.span(names, "pack"):
+                    if work.block is not None:
+                        # one memcpy-speed call; a loop of np.copyto costs twice as much at 100 tensors
+                        np.concatenate([e.src for e in work.entries], axis=None, out=own)
+                    elif work.entries[0].src is not work.entries[0].work:
+                        np.copyto(work.entries[0].work, work.entries[0].src)
+                    prescale(work, own, self.rt.size)
+                    self._feed_back_error(batch[0], own)
+            self.reduce(algorithm, names, own, work, src)
+            for e in work.entries:
+                if e.target is not e.work:
+                    np.copyto(e.target, e.work)
+            results = [e.result for e in work.entries]
+            self.complete(batch[0], results if work.grouped else results[0])
+            return
+        counts = [r.nbytes // work.spec.dtype.itemsize for r in batch]
+        flat = self._fusion_view(sum(counts), work.accumulator)
+        with self.timeline.span(names, "pack"):
+            offset = 0
+            for r, n in zip(batch, counts):
+                pack(r.allreduce, flat[offset:offset + n], self.rt.size)
+                self._feed_back_error(r, flat[offset:offset + n])
+                offset += n
+        self.reduce(algorithm, names, flat, work)
+        offset = 0
+        for r, n in zip(batch, counts):
+            self.unpack_and_finish(r, flat[offset:offset + n])
+            offset += n
+
+    def _fusion_view(self, count: int, dtype: np.dtype) -> np.ndarray:
+        """The persistent fusion buffer as `count` elements of `dtype` (grown, never shrunk)."""
+        nbytes = count * dtype.itemsize
+        if self._fusion.nbytes < nbytes:
+            self._fusion = np.empty(nbytes, np.uint8)
+        return self._fusion[:nbytes].view(dtype)
+
+    def _unscaled_source(self, work: AllreduceWork, algorithm) -> np.ndarray | None:
+        """The input a lone allreduce is reduced from where it lies (the ring and the
+        compressed ring read it directly, scaling as they read under compression), or None
+        when it must be copied and scaled into the output first."""
+        e = work.entries[0]
+        if len(work.entries) != 1 or not is_c_contiguous(e.src):
+            return None
+        if algorithm is algorithms.CompressedRing:
+            # error feedback must change the input before the ring reads it
+            return None if work.compression.error_feedback else e.src.reshape(-1)
+        if (algorithm is not algorithms.Ring or e.src is e.work or work.prescale != 1.0
+                or predivides(work, self.rt.size)):
+            return None
+        return e.src.reshape(-1)
+
+    def reduce(self, algorithm, names, flat: np.ndarray, work: AllreduceWork,
+               src: np.ndarray | None = None) -> None:
+        """Allreduce `flat` (or, given `src`, the unscaled input `src` into `flat`) with
+        `algorithm`, finalizing as `work` says."""
+        phase = self.phase(names)
+        if algorithm is algorithms.CompressedRing:
+            # Under compression Average always divides first (predivides), so what is left
+            # after the reduction is the postscale; an input packed into `flat` is scaled.
+            size = self.rt.size
+            scale = ((work.prescale, float(size) if predivides(work, size) else 1.0, work.postscale)
+                     if src is not None else (1.0, 1.0, work.postscale))
+            algorithm.run(self.rt, algorithms.Reduction(flat, work.spec, work.op, phase=phase, src=src,
+                                                        wire=work.compression.wire, scale=scale))
+            return
+        finalize = finalizer(work, self.rt.size) or nothing
+        algorithm.run(self.rt, algorithms.Reduction(flat, work.spec, work.op, finalize, phase, src))
+
+    def _feed_back_error(self, req: Request, flat: np.ndarray) -> None:
+        """Error feedback: add what this name lost to 16-bit rounding last time, and keep
+        what it loses now, so that rounding errors do not pile up over steps."""
+        compression = req.allreduce.compression
+        if not compression.error_feedback:
+            return
+        residual = self.residuals.get(req.name)
+        if residual is not None and residual.shape == flat.shape and residual.dtype == flat.dtype:
+            flat += residual
+        bits = np.empty(flat.size, np.uint16)
+        kernels.encode16(flat, bits, compression.wire)
+        sent = np.empty_like(flat)
+        kernels.decode16(bits, sent, compression.wire)
+        self.residuals[req.name] = flat - sent
+        flat[...] = sent
+
+    def unpack_and_finish(self, req: Request, flat: np.ndarray) -> None:
+        """Copy `req`'s part of a reduced buffer into its targets and complete it."""
+        with self.timeline.span(req.name, "unpack"):
+            offset = 0
+            for e in req.allreduce.entries:
+                n = e.work.size
+                np.copyto(e.target, flat[offset:offset + n].reshape(e.target.shape), casting="unsafe")
+                offset += n
+        entries = req.allreduce.entries
+        self.complete(req, [e.result for e in entries] if req.allreduce.grouped else entries[0].result)

@@ -1,0 +1,190 @@
+"""Negotiation: how the ranks agree, cycle by cycle, on what runs next.
+
+A cycle is one small allreduce (`Transport.cycle_exchange`) of a block
+  [flags | speculative request hash, payload bytes | ready bits (AND) | pending bits (OR) | payload]
+where bit i stands for entry i of the response cache, a table of (name, fields) pairs that
+every rank fills identically from agreed outcomes. So in steady state a cycle costs one tiny
+message exchange. Requests the cache does not know, or a stall report, make every rank gather
+the full metadata of its pending requests (the engine's full negotiation), which also
+explains every mismatch by field and rank (`describe_mismatch`).
+
+Besides, each rank may propose one request as the speculative one (its hash in the header),
+with the request's bytes as the payload when it is a small host allreduce: when every rank
+proposed the same request and nothing else waits anywhere (`is_clean`), the cycle itself has
+reduced it, so a lone synchronous small allreduce costs one exchange and no cycle timer.
+"""
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+import numpy as np
+
+from .. import kernels
+from .._core.config import SMALL_MESSAGE_BYTES
+from .._core.ops import KERNEL_OP, ReduceOp
+from .._transport import SPECULATION_FAILED, array_address
+
+HAS_UNCACHED = 1  # some rank has a request the cache does not know (or knows differently)
+WANT_REPORT = 2   # some rank has waited past FASTRING_STALL_CHECK_TIME: gather everything
+CACHE_CAPACITY = 1 << 14
+HEADER_WORDS = 3
+# Byte offset of the speculative payload in a cycle block with w bit-vector words.
+PAYLOAD_OFFSET = [8 * (HEADER_WORDS + 2 * w) for w in range(CACHE_CAPACITY // 64 + 1)]
+NO_PAYLOAD = (0, 1)  # (reduction cfunc, item size) of a cycle that carries no payload
+
+
+def describe_mismatch(name: str, by_rank: dict[int, tuple]) -> str:
+    """The error every rank raises when the ranks' fields for `name` differ: each field that
+    differs, with the ranks that hold each value.
+
+    Example:
+        >>> describe_mismatch("w", {0: (("shape", (4,)),), 1: (("shape", (5,)),)})
+        "mismatch for tensor 'w': shape differs: rank 0: (4,); rank 1: (5,)"
+    """
+    ranks = sorted(by_rank)
+    parts = []
+    for i, (fname, _) in enumerate(by_rank[ranks[0]]):
+        groups: dict[Any, list[int]] = {}
+        for r in ranks:
+            groups.setdefault(by_rank[r][i][1], []).append(r)
+        if len(groups) > 1:
+            parts.append(f"{fname} differs: " + "; ".join(
+                f"rank{'s' if len(rs) > 1 else ''} {', '.join(map(str, rs))}: {value}"
+                for value, rs in groups.items()))
+        if fname == "collective" and len(groups) > 1:
+            break  # other fields mean different things for different collectives
+    return f"mismatch for tensor '{name}': " + "; ".join(parts)
+
+
+def is_clean(outcome: tuple, h: int) -> bool:
+    """Every rank proposed request hash `h` alone and nothing else waits anywhere."""
+    return outcome[1] == h and not (outcome[0] or outcome[2] or outcome[3])
+
+
+def set_bits(words: np.ndarray):
+    """The indices of the bits set in a bit vector of uint64 words, in increasing order."""
+    for i, w in enumerate(words.tolist()):
+        while w:
+            low = w & -w
+            yield i * 64 + low.bit_length() - 1
+            w ^= low
+
+
+class Negotiation:
+    """The cycle block, the response cache and the request hashes of one engine.
+
+    Every rank calls `remember` with the same agreed outcomes in the same order, so the cache
+    (and with it the number of bit-vector words) grows identically everywhere.
+    """
+
+    def __init__(self, transport, stall_check_time: float, stall_reporter):
+        self._transport = transport
+        self._stall_check_time = stall_check_time
+        self.stall_reporter = stall_reporter
+        self.cache: dict[str, tuple[int, tuple]] = {}   # name -> (bit, fields)
+        self._cache_names: list[str] = []
+        self._field_digests: dict[tuple, bytes] = {}
+        self._hashes: dict[str, tuple[tuple, int]] = {}  # name -> (fields, hash)
+        self._reducers: dict[tuple, tuple[int, int]] = {}
+        self._bits_dirty = True  # bit words in the cycle block may be nonzero
+        self._clean_words = 0    # ...unless this many words were left zero by a clean cycle
+        self.block = np.empty(0, np.uint64)
+        self._block_tmp = np.empty(0, np.uint64)
+        self.block_address = self._block_tmp_address = 0
+        self.header: memoryview | None = None
+
+    def signature_hash(self, name: str, fields: tuple) -> int:
+        """A 64-bit digest of (name, fields), equal on every rank for equal requests; never 0
+        (no speculation) nor SPECULATION_FAILED."""
+        known = self._hashes.get(name)
+        if known is not None and known[0] == fields:
+            return known[1]
+        fields_digest = self._field_digests.get(fields)
+        if fields_digest is None:
+            fields_digest = hashlib.blake2b(repr(fields).encode(), digest_size=16).digest()
+            if len(self._field_digests) < CACHE_CAPACITY:
+                self._field_digests[fields] = fields_digest
+        digest = hashlib.blake2b(name.encode(), digest_size=8, key=fields_digest).digest()
+        h = int.from_bytes(digest, "little") % (SPECULATION_FAILED - 1) + 1
+        if ".noname." not in name and len(self._hashes) < CACHE_CAPACITY:
+            self._hashes[name] = (fields, h)
+        return h
+
+    @property
+    def words(self) -> int:
+        """Bit-vector words per cycle (the block grows with the cache)."""
+        words = (len(self._cache_names) + 63) // 64
+        total = HEADER_WORDS + 2 * words + SMALL_MESSAGE_BYTES // 8
+        if self.block.size < total:
+            self.block = np.zeros(total + 64, np.uint64)
+            self._block_tmp = np.zeros(total + 64, np.uint64)
+            self.block_address = array_address(self.block)
+            self._block_tmp_address = array_address(self._block_tmp)
+            # item writes through a memoryview cost a tenth of numpy scalar assignment
+            self.header = memoryview(self.block).cast("B").cast("Q")
+        return words
+
+    def payload(self, words: int, nbytes: int, dtype) -> np.ndarray:
+        """The payload area of the block as `nbytes` bytes of `dtype`."""
+        start = HEADER_WORDS + 2 * words
+        return self.block[start:].view(np.uint8)[:nbytes].view(dtype)
+
+    def payload_address(self, words: int) -> int:
+        return self.block_address + PAYLOAD_OFFSET[words]
+
+    def reducer(self, op: ReduceOp, dtype: np.dtype) -> tuple[int, int]:
+        """(reduction cfunc, item size) that combines payloads of `dtype` under `op`."""
+        found = self._reducers.get((op, dtype))
+        if found is None:
+            found = self._reducers[op, dtype] = (kernels.reduce_cfunc(KERNEL_OP[op], dtype), dtype.itemsize)
+        return found
+
+    def clear_bits(self, words: int) -> None:
+        """Zero the bit words before a cycle that sets some."""
+        if words:
+            self.block[HEADER_WORDS:HEADER_WORDS + 2 * words] = 0
+
+    def set_cached(self, bit: int, words: int) -> None:
+        """Mark cache entry `bit` as ready (AND word) and pending (OR word) on this rank."""
+        header = self.header
+        header[HEADER_WORDS + (bit >> 6)] |= 1 << (bit & 63)
+        header[HEADER_WORDS + words + (bit >> 6)] |= 1 << (bit & 63)
+
+    def ready_bits(self, words: int):
+        """The cache entries every rank had ready in the last cycle."""
+        return set_bits(self.block[HEADER_WORDS:HEADER_WORDS + words])
+
+    def exchange(self, flags: int, h: int, payload_nbytes: int, reducer: tuple[int, int],
+                 names, words: int, bits_written: bool) -> tuple:
+        """Run one cycle: this rank's header (flags, proposed hash `h`, payload size; its payload
+        and, if `bits_written`, its cache bits already in the block). Returns the combined
+        (flags, speculative hash, any left over, any ready), the same on every rank."""
+        if not bits_written and words and (self._bits_dirty or words != self._clean_words):
+            # the words may hold last cycle's bits, or payload bytes if the cache just grew
+            self.block[HEADER_WORDS:HEADER_WORDS + 2 * words] = 0
+        header = self.header
+        header[0] = flags
+        header[1] = h
+        header[2] = payload_nbytes
+        self.stall_reporter.names = names
+        outcome = self._transport.cycle_exchange(
+            self.block_address, words, SMALL_MESSAGE_BYTES, self._block_tmp_address, *reducer,
+            self._stall_check_time, self.stall_reporter)
+        if bits_written:
+            self._bits_dirty = True
+        else:
+            # A clean outcome leaves every bit word zero (nothing ready, nothing left over).
+            self._bits_dirty = bool(outcome[2] or outcome[3])
+            self._clean_words = words
+        return outcome
+
+    def remember(self, name: str, fields: tuple) -> None:
+        """Cache an agreed (name, fields); called in the same order on every rank."""
+        entry = self.cache.get(name)
+        if entry is not None:
+            if entry[1] != fields:
+                self.cache[name] = (entry[0], fields)
+        elif len(self._cache_names) < CACHE_CAPACITY and ".noname." not in name:
+            self.cache[name] = (len(self._cache_names), fields)
+            self._cache_names.append(name)
