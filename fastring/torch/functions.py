@@ -8,7 +8,9 @@ import torch
 
 import fastring
 
-from .mpi_ops import _global, _name, broadcast_async_, global_process_set, rank, synchronize
+from fastring._horovod import check_process_set, full_name, global_process_set
+
+from .mpi_ops import broadcast_async_, rank, synchronize
 
 __all__ = ["broadcast_parameters", "broadcast_optimizer_state", "broadcast_object", "allgather_object"]
 
@@ -131,8 +133,8 @@ def broadcast_object(obj: Any, root_rank: int = 0, name: str | None = None,
         >>> hvd.broadcast_object({"epoch": 3} if hvd.rank() == 0 else None, root_rank=0)
         {'epoch': 3}
     """
-    _global(process_set)
-    return fastring.broadcast_object(obj, root_rank, name=_name("broadcast_object", name))
+    check_process_set(process_set)
+    return fastring.broadcast_object(obj, root_rank, name=full_name("broadcast_object", name))
 
 
 def allgather_object(obj: Any, name: str | None = None, process_set=global_process_set) -> list:
@@ -144,5 +146,5 @@ def allgather_object(obj: Any, name: str | None = None, process_set=global_proce
         >>> hvd.allgather_object(hvd.rank())   # on 1 rank
         [0]
     """
-    _global(process_set)
-    return fastring.allgather_object(obj, name=_name("allgather_object", name))
+    check_process_set(process_set)
+    return fastring.allgather_object(obj, name=full_name("allgather_object", name))

@@ -11,14 +11,16 @@ What this module adds to the core, and nothing else:
 """
 from __future__ import annotations
 
-import warnings
-from typing import Any, Sequence
+from typing import Sequence
 
 import torch
-from mpi4py import MPI
 
 import fastring
-from fastring import Compression, Compressor, FastringError, Handle, ReduceOp
+from fastring import Compression, FastringError, Handle, ReduceOp
+from fastring._horovod import (Adasum, ProcessSet, ccl_built, check_process_set,
+                               compressed, cuda_built, ddl_built, full_name, gloo_built, gloo_enabled,
+                               global_process_set, horovod_op, init, is_native, mpi_built, mpi_enabled,
+                               mpi_threads_supported, nccl_built, rocm_built)
 
 __all__ = [
     "init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size", "cross_rank",
@@ -43,143 +45,6 @@ local_rank = fastring.local_rank
 local_size = fastring.local_size
 cross_rank = fastring.cross_rank
 cross_size = fastring.cross_size
-
-
-class _AdasumOp:
-    """Horovod's Adasum reduction. fastring does not implement it: passing it anywhere raises
-    NotImplementedError. A distinct object, equal to no ReduceOp."""
-
-    def __repr__(self) -> str:
-        return "Adasum"
-
-    def __reduce__(self):
-        return "Adasum"
-
-
-Adasum = _AdasumOp()
-ADASUM_UNSUPPORTED = ("op=Adasum is not implemented by fastring; use op=hvd.Average (the "
-                      "default, Horovod's usual gradient averaging) or op=hvd.Sum")
-
-
-class ProcessSet:
-    """Horovod's process sets; fastring runs every collective on all ranks, so the only one is
-    `global_process_set`, accepted wherever Horovod takes `process_set=`."""
-
-    process_set_id = 0
-
-    def rank(self) -> int:
-        return fastring.rank()
-
-    def size(self) -> int:
-        return fastring.size()
-
-    def included(self) -> bool:
-        return True
-
-    def __repr__(self) -> str:
-        return "global_process_set"
-
-
-global_process_set = ProcessSet()
-
-
-def init(comm=None, process_sets=None) -> None:
-    """Start fastring on `comm` (an mpi4py communicator; default MPI.COMM_WORLD). Idempotent.
-
-    Example:
-        >>> import fastring.torch as hvd
-        >>> hvd.init()
-        >>> hvd.size() >= 1
-        True
-    """
-    if process_sets not in (None, [], ()):
-        raise NotImplementedError("fastring supports only the global process set")
-    if comm is not None and not isinstance(comm, MPI.Comm):
-        raise NotImplementedError("init(comm=) takes an mpi4py communicator; lists of ranks are "
-                                  "not supported (build the communicator with mpi4py)")
-    fastring.init(comm)
-
-
-def mpi_threads_supported() -> bool:
-    """True when MPI runs with MPI_THREAD_MULTIPLE.
-
-    Example:
-        >>> import fastring.torch as hvd
-        >>> isinstance(hvd.mpi_threads_supported(), bool)
-        True
-    """
-    return MPI.Query_thread() == MPI.THREAD_MULTIPLE
-
-
-def mpi_enabled() -> bool:
-    """Always True: MPI is fastring's only transport (`mpi_built` answers the same).
-
-    Example:
-        >>> import fastring.torch as hvd
-        >>> hvd.mpi_enabled(), hvd.mpi_built()
-        (True, True)
-    """
-    return True
-
-
-mpi_built = mpi_enabled
-
-
-def gloo_enabled() -> bool:
-    """Always False: fastring has no Gloo, NCCL, DDL, oneCCL, CUDA or ROCm build (the
-    other `*_built` functions answer the same).
-
-    Example:
-        >>> import fastring.torch as hvd
-        >>> hvd.gloo_enabled(), hvd.nccl_built(), hvd.cuda_built()
-        (False, False, False)
-    """
-    return False
-
-
-gloo_built = nccl_built = ddl_built = ccl_built = cuda_built = rocm_built = gloo_enabled
-
-
-# ----------------------------------------------------------------- argument adapters
-def _op(op, average=None) -> Any:
-    """Horovod's op/average pair as one op: `average` is deprecated, None means Average."""
-    if op is not None and average is not None:
-        raise ValueError("The op parameter supersedes average; give only one of them")
-    if average is not None:
-        warnings.warn("average= is deprecated; use op=Average or op=Sum", DeprecationWarning,
-                      stacklevel=3)
-        return Average if average else Sum
-    if op is None:
-        return Average
-    if op is Adasum:
-        raise NotImplementedError(ADASUM_UNSUPPORTED)
-    return op  # validated by the core
-
-
-def _name(kind: str, name):
-    """Horovod's full name of a collective: the user's name behind the collective's kind (None
-    stays None: the core numbers unnamed collectives alike on every rank)."""
-    return f"{kind}.{name}" if isinstance(name, str) else name
-
-
-def _global(process_set) -> None:
-    if process_set is not global_process_set and process_set is not None:
-        raise NotImplementedError("fastring runs collectives on all ranks only: process_set must "
-                                  "be global_process_set")
-
-
-def _native(compression) -> bool:
-    """Compressors the core applies inside the ring; any other object with Horovod's
-    compress(tensor) -> (tensor, ctx) / decompress(tensor, ctx) is applied around the call."""
-    return compression is None or isinstance(compression, Compressor)
-
-
-def _compressed(compression, tensor, reduce):
-    """reduce(tensor, core_compression) through `compression`, native or Horovod-shaped."""
-    if _native(compression):
-        return reduce(tensor, compression)
-    compressed, ctx = compression.compress(tensor)
-    return compression.decompress(reduce(compressed, None), ctx)
 
 
 class _CopyBack:
@@ -262,10 +127,10 @@ def allreduce(tensor: torch.Tensor, average: bool | None = None, name: str | Non
         >>> hvd.allreduce(torch.tensor([1.0, 3.0]), op=hvd.Sum)   # on 1 rank
         tensor([1., 3.])
     """
-    op = _op(op, average)
-    _global(process_set)
-    return _compressed(compression, tensor, lambda t, c: _Allreduce.apply(
-        t, op, _name("allreduce", name), c, prescale_factor, postscale_factor))
+    op = horovod_op(op, average)
+    check_process_set(process_set)
+    return compressed(compression, tensor, lambda t, c: _Allreduce.apply(
+        t, op, full_name("allreduce", name), c, prescale_factor, postscale_factor))
 
 
 def allreduce_async(tensor: torch.Tensor, average: bool | None = None, name: str | None = None,
@@ -281,8 +146,8 @@ def allreduce_async(tensor: torch.Tensor, average: bool | None = None, name: str
         >>> hvd.synchronize(h)
         tensor([1., 1., 1.])
     """
-    _global(process_set)
-    return fastring.allreduce_async(tensor, op=_op(op, average), name=_name("allreduce", name),
+    check_process_set(process_set)
+    return fastring.allreduce_async(tensor, op=horovod_op(op, average), name=full_name("allreduce", name),
                                     prescale_factor=prescale_factor, postscale_factor=postscale_factor)
 
 
@@ -298,8 +163,8 @@ def allreduce_(tensor: torch.Tensor, average: bool | None = None, name: str | No
         >>> hvd.allreduce_(t, op=hvd.Sum) is t
         True
     """
-    _global(process_set)
-    return fastring.allreduce(tensor, op=_op(op, average), name=_name("allreduce", name),
+    check_process_set(process_set)
+    return fastring.allreduce(tensor, op=horovod_op(op, average), name=full_name("allreduce", name),
                               prescale_factor=prescale_factor, postscale_factor=postscale_factor,
                               out=tensor)
 
@@ -316,8 +181,8 @@ def allreduce_async_(tensor: torch.Tensor, average: bool | None = None, name: st
         >>> hvd.synchronize(hvd.allreduce_async_(t, name="t")) is t
         True
     """
-    _global(process_set)
-    return fastring.allreduce_async(tensor, op=_op(op, average), name=_name("allreduce", name),
+    check_process_set(process_set)
+    return fastring.allreduce_async(tensor, op=horovod_op(op, average), name=full_name("allreduce", name),
                                     prescale_factor=prescale_factor, postscale_factor=postscale_factor,
                                     out=tensor)
 
@@ -354,14 +219,14 @@ def grouped_allreduce(tensors: Sequence[torch.Tensor], average: bool | None = No
         >>> hvd.grouped_allreduce([torch.ones(2), torch.zeros(1)], op=hvd.Sum)
         [tensor([1., 1.]), tensor([0.])]
     """
-    op = _op(op, average)
-    _global(process_set)
-    full_name = _name("grouped_allreduce", name)
-    if _native(compression):
-        return list(_GroupedAllreduce.apply(op, full_name, compression, prescale_factor,
+    op = horovod_op(op, average)
+    check_process_set(process_set)
+    qualified = full_name("grouped_allreduce", name)
+    if is_native(compression):
+        return list(_GroupedAllreduce.apply(op, qualified, compression, prescale_factor,
                                             postscale_factor, *tensors))
-    compressed, ctxs = zip(*(compression.compress(t) for t in tensors))
-    reduced = _GroupedAllreduce.apply(op, full_name, None, prescale_factor, postscale_factor, *compressed)
+    packed, ctxs = zip(*(compression.compress(t) for t in tensors))
+    reduced = _GroupedAllreduce.apply(op, qualified, None, prescale_factor, postscale_factor, *packed)
     return [compression.decompress(t, c) for t, c in zip(reduced, ctxs)]
 
 
@@ -376,9 +241,9 @@ def grouped_allreduce_async(tensors: Sequence[torch.Tensor], average: bool | Non
         >>> hvd.synchronize(hvd.grouped_allreduce_async([torch.ones(1), torch.ones(2)]))
         [tensor([1.]), tensor([1., 1.])]
     """
-    _global(process_set)
-    return fastring.grouped_allreduce_async(tensors, op=_op(op, average),
-                                            name=_name("grouped_allreduce", name),
+    check_process_set(process_set)
+    return fastring.grouped_allreduce_async(tensors, op=horovod_op(op, average),
+                                            name=full_name("grouped_allreduce", name),
                                             prescale_factor=prescale_factor,
                                             postscale_factor=postscale_factor)
 
@@ -395,7 +260,7 @@ def grouped_allreduce_async_(tensors: Sequence[torch.Tensor], average: bool | No
         >>> hvd.synchronize(hvd.grouped_allreduce_async_(ts, op=hvd.Sum))[1] is ts[1]
         True
     """
-    handle = grouped_allreduce_async(tensors, None, name, _op(op, average), prescale_factor,
+    handle = grouped_allreduce_async(tensors, None, name, horovod_op(op, average), prescale_factor,
                                      postscale_factor, process_set)
     return _CopyBack(handle, list(tensors))
 
@@ -444,8 +309,8 @@ def allgather(tensor: torch.Tensor, name: str | None = None,
         >>> hvd.allgather(torch.ones(2, 3)).shape   # (2 * size, 3)
         torch.Size([2, 3])
     """
-    _global(process_set)
-    return _Allgather.apply(tensor, _name("allgather", name))
+    check_process_set(process_set)
+    return _Allgather.apply(tensor, full_name("allgather", name))
 
 
 def allgather_async(tensor: torch.Tensor, name: str | None = None,
@@ -458,8 +323,8 @@ def allgather_async(tensor: torch.Tensor, name: str | None = None,
         >>> hvd.synchronize(hvd.allgather_async(torch.arange(2)))
         tensor([0, 1])
     """
-    _global(process_set)
-    return fastring.allgather_async(tensor, name=_name("allgather", name))
+    check_process_set(process_set)
+    return fastring.allgather_async(tensor, name=full_name("allgather", name))
 
 
 # ----------------------------------------------------------------- broadcast
@@ -489,8 +354,8 @@ def broadcast(tensor: torch.Tensor, root_rank: int, name: str | None = None,
         >>> hvd.broadcast(torch.tensor([1.0, 2.0]), root_rank=0)
         tensor([1., 2.])
     """
-    _global(process_set)
-    return _Broadcast.apply(tensor, root_rank, _name("broadcast", name))
+    check_process_set(process_set)
+    return _Broadcast.apply(tensor, root_rank, full_name("broadcast", name))
 
 
 def broadcast_(tensor: torch.Tensor, root_rank: int, name: str | None = None,
@@ -504,8 +369,8 @@ def broadcast_(tensor: torch.Tensor, root_rank: int, name: str | None = None,
         >>> hvd.broadcast_(w, 0) is w
         True
     """
-    _global(process_set)
-    return fastring.broadcast(tensor, root_rank, name=_name("broadcast", name), out=tensor)
+    check_process_set(process_set)
+    return fastring.broadcast(tensor, root_rank, name=full_name("broadcast", name), out=tensor)
 
 
 def broadcast_async(tensor: torch.Tensor, root_rank: int, name: str | None = None,
@@ -518,8 +383,8 @@ def broadcast_async(tensor: torch.Tensor, root_rank: int, name: str | None = Non
         >>> hvd.synchronize(hvd.broadcast_async(torch.ones(1), 0))
         tensor([1.])
     """
-    _global(process_set)
-    return fastring.broadcast_async(tensor, root_rank, name=_name("broadcast", name))
+    check_process_set(process_set)
+    return fastring.broadcast_async(tensor, root_rank, name=full_name("broadcast", name))
 
 
 def broadcast_async_(tensor: torch.Tensor, root_rank: int, name: str | None = None,
@@ -533,8 +398,8 @@ def broadcast_async_(tensor: torch.Tensor, root_rank: int, name: str | None = No
         >>> hvd.synchronize(hvd.broadcast_async_(w, 0)) is w
         True
     """
-    _global(process_set)
-    return fastring.broadcast_async(tensor, root_rank, name=_name("broadcast", name), out=tensor)
+    check_process_set(process_set)
+    return fastring.broadcast_async(tensor, root_rank, name=full_name("broadcast", name), out=tensor)
 
 
 # ----------------------------------------------------------------- alltoall
@@ -581,8 +446,8 @@ def alltoall(tensor: torch.Tensor, splits=None, name: str | None = None,
         >>> hvd.alltoall(torch.arange(4), splits=torch.tensor([4], dtype=torch.int32))   # 1 rank
         (tensor([0, 1, 2, 3]), tensor([4], dtype=torch.int32))
     """
-    _global(process_set)
-    return _Alltoall.apply(tensor, splits, _name("alltoall", name))
+    check_process_set(process_set)
+    return _Alltoall.apply(tensor, splits, full_name("alltoall", name))
 
 
 def alltoall_async(tensor: torch.Tensor, splits=None, name: str | None = None,
@@ -595,8 +460,8 @@ def alltoall_async(tensor: torch.Tensor, splits=None, name: str | None = None,
         >>> hvd.synchronize(hvd.alltoall_async(torch.arange(2)))   # on 1 rank
         (tensor([0, 1]), tensor([2], dtype=torch.int32))
     """
-    _global(process_set)
-    return fastring.alltoall_async(tensor, _explicit_splits(tensor, splits), name=_name("alltoall", name))
+    check_process_set(process_set)
+    return fastring.alltoall_async(tensor, _explicit_splits(tensor, splits), name=full_name("alltoall", name))
 
 
 # ----------------------------------------------------------------- reducescatter
@@ -632,17 +497,17 @@ def reducescatter(tensor: torch.Tensor, name: str | None = None, compression=Com
         >>> hvd.reducescatter(torch.ones(4, 2), op=hvd.Sum).shape   # (4 / size, 2)
         torch.Size([4, 2])
     """
-    op = _op(op)
-    _global(process_set)
-    full_name = _name("reducescatter", name)
+    op = horovod_op(op)
+    check_process_set(process_set)
+    qualified = full_name("reducescatter", name)
 
     def reduce(t, core_compression):
         # The core's reducescatter takes no compression: cast to the wire format around it.
         wire = _WIRE.get(getattr(core_compression, "wire", None)) if t.is_floating_point() else None
-        result = _Reducescatter.apply(t if wire is None else t.to(wire), full_name, op,
+        result = _Reducescatter.apply(t if wire is None else t.to(wire), qualified, op,
                                       prescale_factor, postscale_factor)
         return result if wire is None else result.to(t.dtype)
-    return _compressed(compression, tensor, reduce)
+    return compressed(compression, tensor, reduce)
 
 
 _WIRE = {"fp16": torch.float16, "bf16": torch.bfloat16}
@@ -659,8 +524,8 @@ def reducescatter_async(tensor: torch.Tensor, name: str | None = None, op=Averag
         >>> hvd.synchronize(hvd.reducescatter_async(torch.ones(2), op=hvd.Sum))   # on 1 rank
         tensor([1., 1.])
     """
-    _global(process_set)
-    return fastring.reducescatter_async(tensor, op=_op(op), name=_name("reducescatter", name),
+    check_process_set(process_set)
+    return fastring.reducescatter_async(tensor, op=horovod_op(op), name=full_name("reducescatter", name),
                                         prescale_factor=prescale_factor, postscale_factor=postscale_factor)
 
 
@@ -672,7 +537,7 @@ def barrier(process_set=global_process_set) -> None:
         >>> import fastring.torch as hvd
         >>> hvd.init(); hvd.barrier()
     """
-    _global(process_set)
+    check_process_set(process_set)
     fastring.barrier()
 
 

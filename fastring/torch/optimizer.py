@@ -16,8 +16,11 @@ import torch
 import fastring
 from fastring import Compression, ReduceOp
 
+from fastring._horovod import (ADASUM_UNSUPPORTED, Adasum, check_process_set, full_name, global_process_set,
+                               is_native)
+
 from .functions import wait_all
-from .mpi_ops import ADASUM_UNSUPPORTED, Adasum, Average, _global, _name, _native, global_process_set
+from .mpi_ops import Average
 
 __all__ = ["DistributedOptimizer"]
 
@@ -72,10 +75,10 @@ class _DistributedOptimizer:
         prescale, postscale = 1.0, 1.0
         if self.op == Average:  # Horovod splits the averaging around the sum
             prescale, postscale = 1.0 / self.gradient_predivide_factor, self.gradient_predivide_factor
-        name = _name("allreduce", self._parameter_names[p])
+        name = full_name("allreduce", self._parameter_names[p])
         tensor, ctx = p.grad, None
         compression = self._compression
-        if not _native(compression):
+        if not is_native(compression):
             tensor, ctx = compression.compress(p.grad)
             compression = None
         handle = fastring.allreduce_async(tensor, op=self.op, name=name, compression=compression,
@@ -95,7 +98,7 @@ class _DistributedOptimizer:
         for p in self._allreduce_delay:
             self._allreduce_delay[p] = self.backward_passes_per_step
         results = wait_all(handle for _, (handle, _) in pending)
-        if not _native(self._compression):
+        if not is_native(self._compression):
             for (p, (_, ctx)), result in zip(pending, results):
                 p.grad.copy_(self._compression.decompress(result, ctx))
         self._synchronized = True
@@ -221,7 +224,7 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
     if op is Adasum:
         raise NotImplementedError(ADASUM_UNSUPPORTED)
     op = ReduceOp(op)
-    _global(process_set)
+    check_process_set(process_set)
     if gradient_predivide_factor != 1.0 and op != Average:
         raise ValueError("gradient_predivide_factor not supported with op != Average")
     if isinstance(backward_passes_per_step, bool) or not isinstance(backward_passes_per_step, int) \
