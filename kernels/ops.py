@@ -36,12 +36,7 @@ from llvmlite import ir
 from numba import types
 from numba.extending import intrinsic, register_jitable
 
-try:  # bfloat16 is optional: without ml_dtypes it is reachable only via dtype='bfloat16' overrides
-    import ml_dtypes as _ml_dtypes
-
-    BFLOAT16: np.dtype | None = np.dtype(_ml_dtypes.bfloat16)
-except ImportError:  # pragma: no cover - ml_dtypes is a declared dependency
-    BFLOAT16 = None
+from .._core.dtypes import BFLOAT16, SUPPORTED
 
 __all__ = ["KernelOp", "WireFormat", "ElementType", "element_type", "wire_format",
            "binary_op", "BFLOAT16"]
@@ -342,31 +337,30 @@ class ElementType:
 _U16 = np.dtype(np.uint16)
 
 
-def _build_element_types() -> dict[np.dtype, ElementType]:
-    table = {}
-    for dt, wrap in ((np.uint8, wrap_u8), (np.int8, wrap_i8), (np.int32, wrap_i32),
-                     (np.int64, identity)):
-        table[np.dtype(dt)] = ElementType(np.dtype(dt).name, np.dtype(dt), identity,
-                                          wrap, "int", to_f64)
-    table[np.dtype(np.float32)] = ElementType("float32", np.dtype(np.float32), identity,
-                                              identity, "float", to_f32)
-    table[np.dtype(np.float64)] = ElementType("float64", np.dtype(np.float64), identity,
-                                              identity, "float", to_f64)
-    table[np.dtype(np.bool_)] = ElementType("bool", np.dtype(np.bool_), identity,
-                                            identity, "bool", to_f64)
-    # float16 arithmetic happens in float32 and is rounded once per element.
-    table[np.dtype(np.float16)] = ElementType("float16", _U16, fp16_to_f32, f32_to_fp16,
-                                              "float", to_f32)
-    if BFLOAT16 is not None:
-        table[BFLOAT16] = ElementType("bfloat16", _U16, bf16_to_f32, f32_to_bf16,
-                                      "float", to_f32)
-    return table
+# How the kernels load, store and compute each dtype of fastring's one dtype table
+# (fastring._core.dtypes.SUPPORTED); a dtype added there must be given its entry here.
+_INTEGER_WRAP = {"uint8": wrap_u8, "int8": wrap_i8, "int32": wrap_i32, "int64": identity}
 
 
-ELEMENT_TYPES: dict[np.dtype, ElementType] = _build_element_types()
-BF16_ELEMENT = ElementType("bfloat16", _U16, bf16_to_f32, f32_to_bf16, "float", to_f32)
-SUPPORTED_DTYPE_NAMES = ("uint8", "int8", "int32", "int64", "float16", "bfloat16",
-                         "float32", "float64", "bool")
+def _element_type(spec) -> ElementType:
+    if spec.name in _INTEGER_WRAP:
+        return ElementType(spec.name, spec.dtype, identity, _INTEGER_WRAP[spec.name], "int", to_f64)
+    if spec.name == "float16":  # arithmetic in float32, rounded once per element
+        return ElementType("float16", _U16, fp16_to_f32, f32_to_fp16, "float", to_f32)
+    if spec.name == "bfloat16":
+        return ElementType("bfloat16", _U16, bf16_to_f32, f32_to_bf16, "float", to_f32)
+    if spec.name == "float32":
+        return ElementType("float32", spec.dtype, identity, identity, "float", to_f32)
+    if spec.name == "float64":
+        return ElementType("float64", spec.dtype, identity, identity, "float", to_f64)
+    if spec.name == "bool":
+        return ElementType("bool", spec.dtype, identity, identity, "bool", to_f64)
+    raise TypeError(f"the kernels have no element type for dtype {spec.name}")
+
+
+ELEMENT_TYPES: dict[np.dtype, ElementType] = {dt: _element_type(spec) for dt, spec in SUPPORTED.items()}
+BF16_ELEMENT = ELEMENT_TYPES[BFLOAT16]
+SUPPORTED_DTYPE_NAMES = tuple(spec.name for spec in SUPPORTED.values())
 
 
 def element_type(dtype) -> ElementType:

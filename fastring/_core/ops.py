@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import enum
 
+from ..kernels.ops import KernelOp
+
 
 class ReduceOp(enum.IntEnum):
     """How allreduce and reducescatter combine the ranks' tensors.
@@ -24,8 +26,9 @@ class ReduceOp(enum.IntEnum):
 
 # Enum .name is a property lookup on a hot path; a dict is cheaper.
 OP_NAMES = {op: op.name for op in ReduceOp}
-# ReduceOp -> code of fastring.kernels.KernelOp (SUM=0, MIN=1, MAX=2, PRODUCT=3).
-KERNEL_OP = {ReduceOp.Average: 0, ReduceOp.Sum: 0, ReduceOp.Min: 1, ReduceOp.Max: 2, ReduceOp.Product: 3}
+# What each ReduceOp reduces with in the kernels (Average is a Sum, divided afterwards).
+KERNEL_OP = {ReduceOp.Average: KernelOp.SUM, ReduceOp.Sum: KernelOp.SUM, ReduceOp.Min: KernelOp.MIN,
+             ReduceOp.Max: KernelOp.MAX, ReduceOp.Product: KernelOp.PRODUCT}
 # ReduceOp -> code of _transport._op (SUM, MIN, MAX, PROD, LOR, LAND); bool uses the logical ones.
 MPI_OP = {ReduceOp.Average: 0, ReduceOp.Sum: 0, ReduceOp.Min: 1, ReduceOp.Max: 2, ReduceOp.Product: 3}
 MPI_BOOL_OP = {ReduceOp.Sum: 4, ReduceOp.Max: 4, ReduceOp.Min: 5, ReduceOp.Product: 5}
