@@ -13,6 +13,8 @@ from mpi4py import MPI  # noqa: F401  (import for its side effect)
 from ._core.compression import Compression, Compressor
 from ._core.errors import FastringError
 from ._core.ops import ReduceOp
+from ._core.tensor import TensorAdapter
+from ._core.tensor import register_adapter as register_tensor_adapter
 from .api.allreduce import (Average, Max, Min, Product, Sum, allreduce, allreduce_async,
                             grouped_allreduce, grouped_allreduce_async, join, poll, start_timeline,
                             stop_timeline, synchronize)
@@ -27,7 +29,7 @@ from .engine import Handle
 __version__ = "0.1.0"
 
 __all__ = [
-    "FastringError", "ReduceOp", "Compression", "Compressor", "Average", "Sum", "Min", "Max", "Product",
+    "FastringError", "ReduceOp", "TensorAdapter", "register_tensor_adapter", "Compression", "Compressor", "Average", "Sum", "Min", "Max", "Product",
     "init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size",
     "cross_rank", "cross_size", "allreduce", "allreduce_async", "grouped_allreduce",
     "grouped_allreduce_async", "synchronize", "poll", "join", "Handle", "start_timeline", "stop_timeline",

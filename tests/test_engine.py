@@ -123,3 +123,19 @@ def test_timeline_api_validates_path():
 @pytest.mark.parametrize("n", [1, 2, 3])
 def test_join_with_uneven_data(mpirun, n):
     mpirun(n, "join")
+
+
+def test_a_registered_tensor_adapter_carries_its_framework_in_and_out():
+    """A framework registered by module name gets its own type back from every collective."""
+    class Box:
+        def __init__(self, array):
+            self.array = array
+
+    Box.__module__ = "fastring_test_boxes"
+    fastring.register_tensor_adapter("fastring_test_boxes", fastring.TensorAdapter(
+        lambda t, what: t.array, lambda template, array: Box(array)))
+    fastring.init()
+    got = fastring.allreduce(Box(np.arange(5, dtype=np.int32)), op=fastring.Sum)
+    assert isinstance(got, Box) and got.array.tolist() == [0, 1, 2, 3, 4]
+    gathered = fastring.allgather(Box(np.arange(3, dtype=np.int64)))
+    assert isinstance(gathered, Box) and gathered.array.tolist() == [0, 1, 2]

@@ -1,8 +1,15 @@
 """Tensors in and out: any DLPack exporter (numpy, torch, JAX, ...) or buffer-protocol object
-becomes a numpy view of the same memory, and a numpy result goes back as the caller's type."""
+becomes a numpy view of the same memory, and a numpy result goes back as the caller's type.
+
+A framework whose tensors need more than plain DLPack (torch's bfloat16, which numpy's DLPack
+importer does not know; TensorFlow, whose eager tensors export DLPack only through a
+function) registers a `TensorAdapter` under its top-level module name.
+"""
 from __future__ import annotations
 
 import sys
+from dataclasses import dataclass
+from typing import Any, Callable
 
 import numpy as np
 
@@ -11,6 +18,35 @@ from .dtypes import BFLOAT16
 
 def _module_of(obj) -> str:
     return type(obj).__module__.partition(".")[0]
+
+
+@dataclass(frozen=True)
+class TensorAdapter:
+    """How one framework's host tensors become numpy views and results come back.
+
+    `to_array(tensor, what)` returns a numpy view of the tensor's memory (TypeError naming
+    `what` if it cannot); `like(template, array)` returns `array` as a tensor of the
+    template's framework, zero-copy where the framework allows.
+    """
+    to_array: Callable[[Any, str], np.ndarray]
+    like: Callable[[Any, np.ndarray], Any]
+
+
+_ADAPTERS: dict[str, TensorAdapter] = {}
+
+
+def register_adapter(module: str, adapter: TensorAdapter) -> None:
+    """Use `adapter` for every tensor whose type is defined in top-level module `module`.
+
+    Example:
+        >>> class Box:
+        ...     def __init__(self, a): self.a = a
+        >>> Box.__module__ = "boxes"
+        >>> register_adapter("boxes", TensorAdapter(lambda t, what: t.a, lambda t, a: Box(a)))
+        >>> like(Box(np.zeros(2)), as_array(Box(np.ones(2)))).a
+        array([1., 1.])
+    """
+    _ADAPTERS[module] = adapter
 
 
 def as_array(tensor, what: str = "tensor") -> np.ndarray:
@@ -24,8 +60,9 @@ def as_array(tensor, what: str = "tensor") -> np.ndarray:
         return tensor
     if isinstance(tensor, np.generic):  # a NumPy scalar is a 0-d array
         return np.asarray(tensor)
-    if _module_of(tensor) == "torch":
-        return _torch_as_array(tensor, what)
+    adapter = _ADAPTERS.get(_module_of(tensor))
+    if adapter is not None:
+        return adapter.to_array(tensor, what)
     if hasattr(tensor, "__dlpack__"):
         try:
             return np.from_dlpack(tensor)
@@ -66,15 +103,23 @@ def like(template, array: np.ndarray):
     if isinstance(template, np.ndarray):
         return array
     module = _module_of(template)
-    if module == "torch":
-        import torch
-
-        if array.dtype == BFLOAT16:
-            return torch.from_dlpack(array.view(np.int16)).view(torch.bfloat16)
-        return torch.from_dlpack(array)
+    adapter = _ADAPTERS.get(module)
+    if adapter is not None:
+        return adapter.like(template, array)
     if hasattr(template, "__dlpack__"):
         fw = sys.modules.get(module)
         from_dlpack = getattr(fw, "from_dlpack", None) or getattr(getattr(fw, "numpy", None), "from_dlpack", None)
         if from_dlpack is not None:
             return from_dlpack(array)
     return array
+
+
+def _torch_like(template, array: np.ndarray):
+    import torch
+
+    if array.dtype == BFLOAT16:
+        return torch.from_dlpack(array.view(np.int16)).view(torch.bfloat16)
+    return torch.from_dlpack(array)
+
+
+register_adapter("torch", TensorAdapter(_torch_as_array, _torch_like))
