@@ -148,7 +148,8 @@ def allreduce(tensor, op: ReduceOp = ReduceOp.Average, *, name: str | None = Non
     if (type(tensor) is np.ndarray and (out is None or type(out) is np.ndarray) and type(op) is ReduceOp
             and compression is Compression.none and (name is None or type(name) is str)
             and type(prescale_factor) is float and prescale_factor == 1.0
-            and type(postscale_factor) is float and postscale_factor == 1.0):
+            and type(postscale_factor) is float and postscale_factor == 1.0
+            and (out is None or out is tensor or not np.may_share_memory(out, tensor))):
         result = _lone_allreduce(tensor, op, name, out)
         if result is not None:
             return result

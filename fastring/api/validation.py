@@ -11,7 +11,7 @@ from .._core.dtypes import DtypeSpec
 from .._core.ops import ReduceOp
 from .._core.tensor import as_array, like
 from .._core.work import Entry
-from .._transport import is_writable_c_contiguous
+from .._transport import array_address, is_writable_c_contiguous
 
 
 def factor(value, what: str) -> float:
@@ -38,12 +38,31 @@ def entry(tensor, arr: np.ndarray, out) -> Entry:
         raise ValueError(f"out has shape {target.shape}, the tensor {arr.shape}")
     if target.dtype != arr.dtype:
         raise TypeError(f"out has dtype {target.dtype}, the tensor {arr.dtype}")
+    if target is not arr and np.may_share_memory(target, arr):
+        if same_view(target, arr):
+            target = arr  # in place, through another view of the same memory
+        else:
+            # Writing the result would overwrite input not yet read: read a private copy.
+            arr = arr.copy()
     if is_writable_c_contiguous(target):
         return Entry(arr, target, target, out)
     if not target.flags.writeable:
         raise ValueError("out is read-only")
     # A non-contiguous target is reduced through a contiguous copy, written back at the end.
     return Entry(arr, np.empty(arr.shape, arr.dtype), target, out)
+
+
+def same_view(a: np.ndarray, b: np.ndarray) -> bool:
+    """Whether two arrays view the same memory the same way (the same address, shape,
+    strides and dtype), so that writing one is writing the other element for element.
+
+    Example:
+        >>> x = np.arange(4)
+        >>> same_view(x, x[:]), same_view(x[1:], x[:3])
+        (True, False)
+    """
+    return (a.shape == b.shape and a.strides == b.strides and a.dtype == b.dtype
+            and array_address(a) == array_address(b))
 
 
 def check_op_for_dtype(op: ReduceOp, spec: DtypeSpec) -> None:
