@@ -16,7 +16,7 @@ from .._core.runtime import runtime
 from .._core.tensor import as_array, like
 from .._core.work import AllreduceWork, Entry
 from ..engine import Handle, Request
-from .validation import check_op_for_dtype, checked_name, entry, factor
+from .validation import check_op_for_dtype, entry, factor, is_automatic, request_name
 
 Average, Sum, Min, Max, Product = (ReduceOp.Average, ReduceOp.Sum, ReduceOp.Min,
                                    ReduceOp.Max, ReduceOp.Product)
@@ -70,11 +70,11 @@ def _lone_allreduce(arr: np.ndarray, op: ReduceOp, name: str | None, out: np.nda
 def _allreduce_request(kind: str, tensors: Sequence, outs: Sequence, op, name, compression,
                        prescale_factor, postscale_factor, grouped: bool) -> tuple:
     rt = runtime()
+    name = request_name(rt, kind, name)
     compressor = compression if compression is Compression.none else as_compressor(compression)
     op = as_reduce_op(op)
     prescale = factor(prescale_factor, "prescale_factor")
     postscale = factor(postscale_factor, "postscale_factor")
-    name = checked_name(name)
     if is_device_tensor(tensors[0]):
         return device.allreduce_request(rt, kind, tensors, outs, op, name, compressor, prescale,
                                         postscale, grouped)
@@ -94,14 +94,13 @@ def _allreduce_request(kind: str, tensors: Sequence, outs: Sequence, op, name, c
     if not spec.is_float:
         check_op_for_dtype(op, spec)
         compressor = Compression.none  # integers and bools travel as they are
-    if compressor.error_feedback and name is None:
+    if compressor.error_feedback and is_automatic(name):
         raise ValueError(f"{compressor!r} keeps a residual per tensor name; give the tensor a name")
     if grouped:
         entries, block = _grouped_entries(tensors, arrays, spec.dtype)
     else:
         entries, block = [entry(tensors[0], arrays[0], outs[0])], None
     engine = rt.engine
-    name = name or engine.auto_name(kind)
     fields = _fields(kind, spec, shapes, op, prescale, postscale, compressor)
     work = AllreduceWork(spec, op, prescale, postscale, entries, grouped, compressor, block=block)
     request = Request(kind, name, fields, nbytes, Handle(engine, name), allreduce=work)

@@ -28,7 +28,7 @@ from ..algorithms import broadcast_bytes
 from ..algorithms.collectives import (allgather_rows, alltoall_rows, byte_offsets, gather_counts,
                                       reduce_scatter_rows)
 from ..engine import Engine, Handle, Request
-from .validation import check_op_for_dtype, checked_name, entry, factor
+from .validation import check_op_for_dtype, entry, factor, request_name
 
 try:
     import cloudpickle as _pickler  # lambdas, closures, classes defined in __main__
@@ -37,12 +37,10 @@ except ImportError:  # pragma: no cover - cloudpickle is a dependency, pickle th
 
 
 # ----------------------------------------------------------------- shared pieces
-def _request(rt: Runtime, kind: str, name: str | None, fields: tuple, nbytes: int,
+def _request(rt: Runtime, kind: str, name: str, fields: tuple, nbytes: int,
              execute: Callable[[Runtime], Any]) -> tuple[Engine, Request]:
-    """The Request of one collective; call it last, after every local check has passed, so
-    that the automatic name (counted per kind) advances alike on every rank."""
+    """The Request of one collective named `name` (see validation.request_name)."""
     engine = rt.engine
-    name = name or engine.auto_name(kind)
     fields = (("collective", kind),) + fields
     return engine, Request(kind, name, fields, nbytes, Handle(engine, name), execute=execute)
 
@@ -69,7 +67,7 @@ def _root(root_rank, size: int) -> int:
 # ----------------------------------------------------------------- allgather
 def _allgather_request(tensor, name) -> tuple[Engine, Request]:
     rt = runtime()
-    name = checked_name(name)
+    name = request_name(rt, "allgather", name)
     arr, spec = _rows_array(tensor, "allgather")
 
     def execute(rt: Runtime):
@@ -117,7 +115,7 @@ def allgather(tensor, *, name: str | None = None):
 # ----------------------------------------------------------------- broadcast
 def _broadcast_request(tensor, root_rank, name, out) -> tuple[Engine, Request]:
     rt = runtime()
-    name = checked_name(name)
+    name = request_name(rt, "broadcast", name)
     root = _root(root_rank, rt.size)
     arr = as_array(tensor)
     spec = spec_of(arr.dtype)
@@ -208,7 +206,7 @@ def _send_rows(splits, dim0: int, size: int) -> np.ndarray:
 
 def _alltoall_request(tensor, splits, name) -> tuple[Engine, Request]:
     rt = runtime()
-    name = checked_name(name)
+    name = request_name(rt, "alltoall", name)
     arr, spec = _rows_array(tensor, "alltoall")
     send_rows = _send_rows(splits, arr.shape[0], rt.size)
 
@@ -266,7 +264,7 @@ def _reducescatter_request(tensor, op, name, prescale_factor, postscale_factor) 
     op = as_reduce_op(op)
     prescale = factor(prescale_factor, "prescale_factor")
     postscale = factor(postscale_factor, "postscale_factor")
-    name = checked_name(name)
+    name = request_name(rt, "reducescatter", name)
     arr, spec = _rows_array(tensor, "reducescatter")
     check_op_for_dtype(op, spec)
     work = AllreduceWork(spec, op, prescale, postscale, [], False)
@@ -328,7 +326,8 @@ def barrier() -> None:
         >>> fastring.barrier()
     """
     rt = runtime()
-    engine, request = _request(rt, "barrier", None, (), 0, lambda r: r.transport.barrier())
+    name = request_name(rt, "barrier", None)
+    engine, request = _request(rt, "barrier", name, (), 0, lambda r: r.transport.barrier())
     engine.run(request)
 
 
@@ -359,7 +358,7 @@ def broadcast_object(obj: Any, root_rank: int = 0, name: str | None = None) -> A
         {'epoch': 3}
     """
     rt = runtime()
-    name = checked_name(name)
+    name = request_name(rt, "broadcast_object", name)
     root = _root(root_rank, rt.size)
 
     def execute(rt: Runtime):
@@ -393,7 +392,7 @@ def allgather_object(obj: Any, name: str | None = None) -> list:
         [{'rank': 0}]
     """
     rt = runtime()
-    name = checked_name(name)
+    name = request_name(rt, "allgather_object", name)
 
     def execute(rt: Runtime):
         data, word = _serialize(obj)

@@ -11,7 +11,7 @@ from .._core.dtypes import DtypeSpec
 from .._core.ops import ReduceOp
 from .._core.work import AllreduceWork
 from ..engine import Handle, Request
-from .validation import check_op_for_dtype
+from .validation import check_op_for_dtype, is_automatic
 
 
 def _device_entry(state: DeviceState, tensor: Any, out: Any) -> tuple[DeviceEntry, DtypeSpec, tuple]:
@@ -81,11 +81,10 @@ def allreduce_request(rt: Any, kind: str, tensors: Sequence, outs: Sequence, op:
     check_op_for_dtype(op, spec)
     if not spec.is_float:
         compressor = Compression.none  # integers and bools travel as they are
-    if compressor.error_feedback and name is None:
+    if compressor.error_feedback and is_automatic(name):
         raise ValueError(f"{compressor!r} keeps a residual per tensor name; give the tensor a name")
     shapes = tuple(shape for _, _, shape in built) if grouped else built[0][2]
     nbytes = sum(e.src.size for e in entries) * spec.dtype.itemsize
-    name = name or engine.auto_name(kind)
     fields = (("collective", kind), ("dtype", spec.name), ("shape", shapes), ("op", op.name),
               ("prescale_factor", prescale), ("postscale_factor", postscale), ("device", "cuda"),
               ("compression", compressor.name))

@@ -22,10 +22,28 @@ def factor(value, what: str) -> float:
     return float(value)
 
 
-def checked_name(name) -> str | None:
-    if name is not None and not isinstance(name, str):
+def request_name(rt, kind: str, name) -> str:
+    """The collective's name: the user's, or the next automatic name for `kind` on this
+    thread. Called first, before any other check, so that a call that then fails on one rank
+    only still uses up its automatic name there, as the same call does on the other ranks.
+
+    Example:
+        >>> import fastring
+        >>> from fastring._core.runtime import runtime
+        >>> fastring.init()
+        >>> request_name(runtime(), "allreduce", "grad.w")
+        'grad.w'
+    """
+    if name is None:
+        return rt.engine.auto_name(kind)
+    if not isinstance(name, str):
         raise TypeError(f"name must be a string, got {type(name).__name__}")
     return name
+
+
+def is_automatic(name: str) -> bool:
+    """Whether `name` was given by `request_name` rather than by the user."""
+    return ".noname." in name
 
 
 def entry(tensor, arr: np.ndarray, out) -> Entry:

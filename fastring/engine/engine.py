@@ -15,7 +15,6 @@ disagree does the request join the queue like any other. The lean numpy allreduc
 """
 from __future__ import annotations
 
-import itertools
 import logging
 import threading
 import time
@@ -32,7 +31,8 @@ from .._core.ops import ReduceOp
 from .._core.work import AllreduceWork, Entry, divider, finalizer, nothing, pack, predivides
 from .._transport import SPECULATION_FAILED, copy_from_array, copy_to_array
 from .fusion import Executor
-from .negotiation import HAS_UNCACHED, NO_PAYLOAD, WANT_REPORT, Negotiation, describe_mismatch, is_clean
+from .negotiation import (HAS_UNCACHED, LEAVING, LEFT_RANK_SHIFT, NO_PAYLOAD, WANT_REPORT, Negotiation,
+                          describe_mismatch, is_clean, leaving_flags, ranks_leaving)
 from .request import Handle, Request
 from .stall import StallReporter, stall_error, stall_interval
 from .timeline import Timeline
@@ -56,23 +56,42 @@ class Engine:
         self._join_handle: Handle | None = None  # set while this rank has joined
         self._join_order: list[int] = []
         self._pending: dict[str, Request] = {}
-        self._noname: dict[str, itertools.count] = {}
+        self._noname: dict = {}  # kind (main thread) or (thread name, kind) -> next number
         self._keep_cycling = False   # some rank still had work after the last cycle
         self._speculate = True
         self._broken: BaseException | None = None
         self._thread: threading.Thread | None = None
         self._running = True
-        self._neg = Negotiation(rt.transport, self.config.stall_check_time,
-                                StallReporter(self.config.stall_shutdown_time))
+        self._neg = Negotiation(rt.transport, StallReporter(self.config.stall_check_time,
+                                                            self.config.stall_shutdown_time))
         self._executor = Executor(rt, self.timeline, self._complete)
 
     # ----------------------------------------------------------------- submission
     def auto_name(self, kind: str) -> str:
-        """Deterministic names for unnamed requests: the n-th unnamed `kind` on every rank."""
-        counter = self._noname.get(kind)
-        if counter is None:
-            counter = self._noname.setdefault(kind, itertools.count())
-        return f"{kind}.noname.{next(counter)}"  # next() on a count is atomic under the GIL
+        """Deterministic names for unnamed requests: the n-th unnamed `kind` of this thread.
+
+        Counted per thread (by thread name), so that threads that make collectives in the
+        same order on every rank pair up correctly whatever order they are scheduled in.
+        """
+        thread = threading.current_thread()
+        if thread is threading.main_thread():
+            key, prefix = kind, kind
+        else:
+            key, prefix = (thread.name, kind), f"{kind}.{thread.name}"
+        n = self._noname.get(key, 0)
+        self._noname[key] = n + 1  # only this thread writes this key (join aside, see below)
+        return f"{prefix}.noname.{n}"
+
+    def _note_automatic_name(self, name: str) -> None:
+        """A joined rank takes part in `name` without having called it: count it as called,
+        so that this rank's next unnamed call of that kind pairs with the other ranks'."""
+        prefix, sep, number = name.rpartition(".noname.")
+        if not sep or not number.isdigit():
+            return
+        kind, _, thread = prefix.partition(".")
+        key = (thread, kind) if thread else kind
+        with self._queue_lock:
+            self._noname[key] = max(self._noname.get(key, 0), int(number) + 1)
 
     def submit(self, request: Request, background: bool = True) -> Handle:
         """Queue `request` for the next cycles; returns its handle."""
@@ -267,17 +286,37 @@ class Engine:
                         self._fail_all(e)
 
     def shutdown(self) -> None:
-        """Finish the cycles other ranks still expect, fail what cannot finish, stop."""
+        """Leave: one last cycle tells every other rank that this one is shutting down (their
+        pending collectives fail with an error naming it instead of waiting forever), then
+        fail what is pending here and stop. Never waits for a collective to complete."""
+        together = True
         with self._cycle_lock:
-            while self._keep_cycling and not self._pending and self._broken is None:
-                self._cycle()
             self._running = False
+            if self._broken is None and self.rt.size > 1:
+                neg = self._neg
+                names = [r.name for r in self._pending.values()]
+                try:
+                    outcome = neg.exchange(leaving_flags(self.rt.rank), 0, 0, NO_PAYLOAD, names, neg.words,
+                                           bits_written=False)
+                    together = len(ranks_leaving(outcome[0])) >= min(self.rt.size, 64 - LEFT_RANK_SHIFT)
+                except BaseException as e:  # noqa: BLE001 - a peer that never answers: leave anyway
+                    log.warning("fastring shut down without hearing from every rank: %s", e)
+                    together = False
         with self._wake:
             self._wake.notify_all()
         if self._thread is not None:
             self._thread.join()
         self._fail_all(FastringError("fastring was shut down before this collective ran"), broken=False)
-        self.timeline.close()
+        self.timeline.close(together)
+
+    def _others_left(self, flags: int) -> None:
+        """A cycle said that ranks are shutting down: nothing can complete any more."""
+        left = ranks_leaving(flags)
+        who = f"rank{'s' if len(left) != 1 else ''} {', '.join(map(str, left))}" if left else "a rank"
+        with self._queue_lock:
+            names = list(self._pending)
+        self._fail_all(FastringError(f"{who} shut down (exited or called fastring.shutdown) while this "
+                                     f"rank still had collectives to run: {', '.join(names) or 'none'}"))
 
     def _fail_all(self, error: BaseException, broken: bool = True) -> None:
         if broken:
@@ -345,6 +384,9 @@ class Engine:
         """Act on a cycle's combined header: identical on every rank, so every rank decides
         the same completions, errors and order of execution."""
         out_flags, spec_hash, leftover, any_ready = outcome
+        if out_flags & LEAVING:
+            self._others_left(out_flags)
+            return
         if spec_req is not None and spec_req.rides_cycle and self._settled_alone(
                 outcome, spec_req.signature_hash, spec_req.name, spec_req.fields):
             # the commonest outcome: every rank proposed this request and nothing else waits
@@ -465,6 +507,7 @@ class Engine:
 
     def _zeros_request(self, name: str, fields: tuple) -> Request:
         """What a joined rank contributes to a collective it never submitted."""
+        self._note_automatic_name(name)
         f = dict(fields)
         if f["collective"] not in ("allreduce", "grouped_allreduce"):
             raise ValueError(f"{f['collective']} '{name}' cannot run while a rank has joined: "

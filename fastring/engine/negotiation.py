@@ -27,6 +27,8 @@ from .._transport import SPECULATION_FAILED, array_address
 
 HAS_UNCACHED = 1  # some rank has a request the cache does not know (or knows differently)
 WANT_REPORT = 2   # some rank has waited past FASTRING_STALL_CHECK_TIME: gather everything
+LEAVING = 4       # some rank is shutting down: nothing pending anywhere can complete
+LEFT_RANK_SHIFT = 8  # bit LEFT_RANK_SHIFT + r: rank r is shutting down (ranks below 56)
 CACHE_CAPACITY = 1 << 14
 HEADER_WORDS = 3
 # Byte offset of the speculative payload in a cycle block with w bit-vector words.
@@ -57,6 +59,21 @@ def describe_mismatch(name: str, by_rank: dict[int, tuple]) -> str:
     return f"mismatch for tensor '{name}': " + "; ".join(parts)
 
 
+def leaving_flags(rank: int) -> int:
+    """The flags of a rank's last cycle, which tells the others that it is shutting down."""
+    return LEAVING | (1 << (LEFT_RANK_SHIFT + rank) if rank < 64 - LEFT_RANK_SHIFT else 0)
+
+
+def ranks_leaving(flags: int) -> list[int]:
+    """The ranks whose leaving is recorded in a cycle's combined flags.
+
+    Example:
+        >>> ranks_leaving(leaving_flags(1) | leaving_flags(3))
+        [1, 3]
+    """
+    return [b - LEFT_RANK_SHIFT for b in range(LEFT_RANK_SHIFT, 64) if flags >> b & 1]
+
+
 def is_clean(outcome: tuple, h: int) -> bool:
     """Every rank proposed request hash `h` alone and nothing else waits anywhere."""
     return outcome[1] == h and not (outcome[0] or outcome[2] or outcome[3])
@@ -78,9 +95,8 @@ class Negotiation:
     (and with it the number of bit-vector words) grows identically everywhere.
     """
 
-    def __init__(self, transport, stall_check_time: float, stall_reporter):
+    def __init__(self, transport, stall_reporter):
         self._transport = transport
-        self._stall_check_time = stall_check_time
         self.stall_reporter = stall_reporter
         self.cache: dict[str, tuple[int, tuple]] = {}   # name -> (bit, fields)
         self._cache_names: list[str] = []
@@ -170,7 +186,7 @@ class Negotiation:
         self.stall_reporter.names = names
         outcome = self._transport.cycle_exchange(
             self.block_address, words, SMALL_MESSAGE_BYTES, self._block_tmp_address, *reducer,
-            self._stall_check_time, self.stall_reporter)
+            self.stall_reporter.interval, self.stall_reporter)
         if bits_written:
             self._bits_dirty = True
         else:

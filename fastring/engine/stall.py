@@ -42,16 +42,26 @@ def stall_error(config: Config, kind: str, name: str, waited: float, missing: li
 
 
 class StallReporter:
-    """Called by the transport when a cycle partner has not answered for a while."""
+    """Called by the transport every `interval` seconds while a cycle partner has not
+    answered: warns every FASTRING_STALL_CHECK_TIME, raises once FASTRING_STALL_SHUTDOWN_TIME
+    has passed (checked at a quarter of it, so the error comes on time)."""
 
-    def __init__(self, shutdown_after: float):
+    def __init__(self, check_after: float, shutdown_after: float):
         self.names: tuple | list = ()  # what this rank has pending in the current cycle
+        self.check_after = check_after
         self.shutdown_after = shutdown_after
+        periods = [t for t in (check_after, shutdown_after / 4) if t > 0]
+        self.interval = min(periods) if periods else 0.0
+        self._warned = 0.0  # how long the current wait had lasted at its last warning
 
     def __call__(self, partner: int, waited: float) -> None:
         names = self.names or ["(none: this rank is finishing others' work)"]
-        log.warning("stall: waited %.1f s for rank %d to join negotiation; pending here: %s",
-                    waited, partner, ", ".join(names))
+        if waited < self._warned:  # a new wait
+            self._warned = 0.0
+        if self.check_after > 0 and waited >= self._warned + self.check_after:
+            self._warned = waited
+            log.warning("stall: waited %.1f s for rank %d to join negotiation; pending here: %s",
+                        waited, partner, ", ".join(names))
         limit = self.shutdown_after
         if limit > 0 and waited >= limit:
             raise FastringError(f"stall: rank {partner} did not join negotiation within {waited:.1f} s "

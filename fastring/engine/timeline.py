@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import threading
 import time
 
-
 _NOT_RECORDING = contextlib.nullcontext()
+log = logging.getLogger("fastring")
 
 
 class _Span:
@@ -118,7 +119,14 @@ class Timeline:
                     json.dump({"traceEvents": [e for _, evs in gathered for e in evs],
                                "displayTimeUnit": "ms"}, f)
 
-    def close(self) -> None:
-        if any(self._comm.allgather(self._path is not None)):
-            self.stop()
+    def close(self, together: bool = True) -> None:
+        """Write a recording timeline (`together`: every rank is closing too, so the gather
+        can run) and release the communicator. Recording is started and stopped on every rank
+        alike, so each rank knows without asking whether the others will gather."""
+        if self._path is not None:
+            if together:
+                self.stop()
+            else:
+                log.warning("timeline %s not written: other ranks were not shutting down too", self._path)
+                self._path = None
         self._comm.Free()
