@@ -25,3 +25,8 @@ def test_a_rank_leaving_never_blocks_the_others(mpirun, n, case):
         assert proc.stdout.count("leaving") == n, proc.stdout
     else:
         assert proc.stdout.count("done") == n, proc.stdout
+
+
+@pytest.mark.parametrize("n", [1, 2, 3])
+def test_integer_average_is_exact(mpirun, n):
+    mpirun(n, "int_average", timeout=120)

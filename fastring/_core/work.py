@@ -11,7 +11,7 @@ import numpy as np
 
 from .. import kernels
 from .compression import Compression, Compressor
-from .dtypes import DtypeSpec
+from .dtypes import DtypeSpec, spec_of
 from .ops import ReduceOp
 
 
@@ -50,15 +50,79 @@ class AllreduceWork:
                 self.device)
 
     @property
+    def splits_average(self) -> bool:
+        """An integer Average on the host: reduced exactly as quotients and remainders
+        (see `split_for_average`), never as a sum that could wrap."""
+        return (self.op == ReduceOp.Average and not self.spec.is_float and self.spec.name != "bool"
+                and self.device == "cpu")
+
+    @property
     def accumulator(self) -> np.dtype:
-        """The dtype reduced in: the tensor's own, or float32/float64 under compression."""
+        """The dtype reduced in: the tensor's own, float32/float64 under compression, int64
+        for an integer Average."""
+        if self.splits_average:
+            return _INT64
         if self.compression.wire is None:
             return self.spec.dtype
         return np.dtype(np.float64) if self.spec.dtype == np.float64 else np.dtype(np.float32)
 
+    @property
+    def reduce_op(self) -> ReduceOp:
+        """The op the algorithm reduces with (an integer Average sums its parts)."""
+        return ReduceOp.Sum if self.splits_average else self.op
+
+    @property
+    def reduced_spec(self) -> DtypeSpec:
+        """The dtype spec the algorithm reduces (an integer Average: int64)."""
+        return spec_of(_INT64) if self.splits_average else self.spec
+
+    def reduced_nbytes(self, nbytes: int) -> int:
+        """Bytes reduced for `nbytes` of input: in the accumulator dtype, and two values per
+        element for an integer Average."""
+        count = nbytes // self.spec.dtype.itemsize
+        return (2 * count if self.splits_average else count) * self.accumulator.itemsize
+
+
+_INT64 = np.dtype(np.int64)
+
 
 def nothing(view: np.ndarray) -> None:
-    pass
+    """A finalizer that leaves the reduced values as they are."""
+
+
+def split_for_average(x: np.ndarray, size: int, out: np.ndarray) -> None:
+    """Write x's quotients and remainders by `size` into `out` (int64, twice x's length):
+    q = trunc(x / size) and r = x - size * q. Summed over the ranks, Q + R / size is the
+    exact mean, and neither sum can wrap: |Q| is at most the largest |x| and |R| < size**2.
+
+    Example:
+        >>> out = np.empty(4, np.int64); split_for_average(np.array([7, -7]), 2, out); out
+        array([ 3, -3,  1, -1])
+    """
+    n = x.size
+    q, r = out[:n], out[n:]
+    np.floor_divide(x, size, out=q, casting="unsafe")
+    np.subtract(x, q * size, out=r, casting="unsafe")
+    # floor -> trunc: a negative x with a remainder rounds toward zero
+    fix = (r != 0) & (x < 0)
+    q[fix] += 1
+    r[fix] -= size
+
+
+def join_average(parts: np.ndarray, size: int) -> np.ndarray:
+    """The mean, truncated toward zero, from summed quotients and remainders (the layout of
+    `split_for_average`); int64.
+
+    Example:
+        >>> join_average(np.array([3 + 4, 1 + 0]), 2)   # the mean of 7 and 8
+        array([7])
+    """
+    n = parts.size // 2
+    q, r = parts[:n], parts[n:]
+    d = np.trunc(r / size).astype(np.int64) if size > 1 else r  # |R| < size**2: exact in float64
+    m = r - d * size
+    t = q + d
+    return t - ((t > 0) & (m < 0)) + ((t < 0) & (m > 0))
 
 
 def predivides(work: AllreduceWork, size: int) -> bool:
@@ -76,12 +140,29 @@ def prescale(work: AllreduceWork, flat: np.ndarray, size: int) -> None:
 
 
 def pack(work: AllreduceWork, flat: np.ndarray, size: int) -> None:
+    """Copy the work's inputs, one after another, into `flat` (its accumulator dtype, its
+    reduced count) and scale them as they must be before the reduction."""
+    count = sum(e.src.size for e in work.entries)
+    inputs = flat[:count]
     offset = 0
     for e in work.entries:
         n = e.src.size
-        np.copyto(flat[offset:offset + n].reshape(e.src.shape), e.src, casting="unsafe")
+        np.copyto(inputs[offset:offset + n].reshape(e.src.shape), e.src, casting="unsafe")
         offset += n
-    prescale(work, flat, size)
+    prescale(work, inputs, size)
+    if work.splits_average:
+        split_for_average(inputs.copy(), size, flat)
+
+
+def unpack(work: AllreduceWork, flat: np.ndarray, size: int) -> np.ndarray:
+    """The reduced values of the work's tensors, one after another, from its part of the
+    reduced buffer (an integer Average: joined into the mean, postscaled)."""
+    if not work.splits_average:
+        return flat
+    mean = join_average(flat, size)
+    if work.postscale != 1.0:
+        kernels.scale_into(mean, work.postscale)
+    return mean
 
 
 @functools.lru_cache(maxsize=None)
@@ -91,7 +172,10 @@ def divider(size: int) -> Callable[[np.ndarray], None]:
 
 
 def finalizer(work: AllreduceWork, size: int) -> Callable[[np.ndarray], None] | None:
-    """What runs on fully reduced data (Average's division, the postscale), or None."""
+    """What runs on fully reduced data (Average's division, the postscale), or None (an
+    integer Average finishes in `unpack`)."""
+    if work.splits_average:
+        return None
     divide = work.op == ReduceOp.Average and size > 1 and not predivides(work, size)
     postscale = work.postscale
     if not divide and postscale == 1.0:

@@ -27,8 +27,9 @@ from .. import kernels
 from .._core import pool as _pool
 from .._core.config import (BROADCAST_CHAIN_BYTES, BROADCAST_SEGMENT_BYTES, BROADCAST_SINGLE_COPY_BYTES,
                             RING_SEGMENT_BYTES)
-from .._core.ops import KERNEL_OP
-from .._core.work import AllreduceWork, finalizer, predivides, prescale
+from .._core.dtypes import spec_of
+from .._core.ops import KERNEL_OP, ReduceOp
+from .._core.work import AllreduceWork, finalizer, predivides, prescale, split_for_average, unpack
 from .._transport import (array_address, chain_broadcast, is_c_contiguous, pairwise_alltoall,
                           ring_reduce_scatter_into, single_copy_broadcast, tree_broadcast)
 from .base import Message, chunk_offsets
@@ -139,6 +140,8 @@ def alltoall_rows(rt, arr: np.ndarray, send_rows: np.ndarray) -> tuple[np.ndarra
 def reduce_scatter_rows(rt, arr: np.ndarray, work: AllreduceWork) -> np.ndarray:
     """This rank's rows of the reduction of every rank's `arr` (split on dim 0, the first
     d0 % N ranks one row more), scaled as `work` says; `arr` is left as it is."""
+    if work.splits_average:
+        return _exact_average_rows(rt, arr, work)
     spec, op = work.spec, work.op
     itemsize = spec.dtype.itemsize
     offsets = chunk_offsets(arr.shape[0], rt.size, row_bytes(arr))
@@ -166,3 +169,20 @@ def reduce_scatter_rows(rt, arr: np.ndarray, work: AllreduceWork) -> np.ndarray:
     if finalize is not None:
         finalize(out.reshape(-1))
     return out
+
+
+def _exact_average_rows(rt, arr: np.ndarray, work: AllreduceWork) -> np.ndarray:
+    """reduce_scatter_rows of an integer Average: each row travels as its quotients then its
+    remainders (int64, see `split_for_average`), summed, and joined into the exact mean."""
+    rows = arr.shape[0]
+    width = arr.size // rows if rows else 0
+    wide = np.empty(2 * arr.size, np.int64)
+    inputs = arr.reshape(-1).astype(np.int64)
+    prescale(work, inputs, rt.size)
+    split_for_average(inputs, rt.size, wide)
+    # row r: [its quotients | its remainders], so that a row's parts stay together
+    interleaved = np.concatenate([wide[:arr.size].reshape(rows, width), wide[arr.size:].reshape(rows, width)], axis=1)
+    summed = reduce_scatter_rows(rt, interleaved, AllreduceWork(spec_of(np.int64), ReduceOp.Sum, 1.0, 1.0, [], False))
+    mine = summed.shape[0]
+    parts = np.concatenate([summed[:, :width].reshape(-1), summed[:, width:].reshape(-1)])
+    return unpack(work, parts, rt.size).astype(arr.dtype).reshape((mine,) + arr.shape[1:])

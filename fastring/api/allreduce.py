@@ -55,8 +55,8 @@ def _lone_allreduce(arr: np.ndarray, op: ReduceOp, name: str | None, out: np.nda
     plan = _PLANS.get(key)
     if plan is None:
         spec = SUPPORTED.get(arr.dtype)
-        if spec is None or (op == ReduceOp.Average and (spec.name == "bool" or spec.is_16bit_float)):
-            return None  # an error, or Average's division before the sum
+        if spec is None or (op == ReduceOp.Average and (not spec.is_float or spec.is_16bit_float)):
+            return None  # an error, or an Average that is not a plain sum then division
         plan = (spec, _fields("allreduce", spec, arr.shape, op, 1.0, 1.0, Compression.none))
         if len(_PLANS) < 1024:
             _PLANS[key] = plan

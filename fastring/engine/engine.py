@@ -374,10 +374,12 @@ class Engine:
         if not req.rides_cycle:
             return 0, NO_PAYLOAD
         work = req.allreduce
+        nbytes = work.reduced_nbytes(req.nbytes)
         if not (len(work.entries) == 1 and work.prescale == 1.0 and not predivides(work, self.rt.size)
+                and not work.splits_average
                 and copy_from_array(self._neg.payload_address(words), work.entries[0].src)):
-            pack(work, self._neg.payload(words, req.nbytes, work.spec.dtype), self.rt.size)
-        return req.nbytes, self._neg.reducer(work.op, work.spec.dtype)
+            pack(work, self._neg.payload(words, nbytes, work.accumulator), self.rt.size)
+        return nbytes, self._neg.reducer(work.reduce_op, work.accumulator)
 
     def _after_exchange(self, outcome: tuple, words: int, pending: list[Request],
                         cached: dict[int, Request], spec_req) -> None:
@@ -423,11 +425,11 @@ class Engine:
         work = req.allreduce
         e = work.entries[0]
         finalize = finalizer(work, self.rt.size)
-        if len(work.entries) == 1 and e.target is e.work and finalize is None:
+        if len(work.entries) == 1 and e.target is e.work and finalize is None and not work.splits_average:
             copy_to_array(e.work, self._neg.payload_address(words))
             self._complete(req, [e.result] if work.grouped else e.result)
             return
-        flat = self._neg.payload(words, req.nbytes, work.spec.dtype)
+        flat = self._neg.payload(words, work.reduced_nbytes(req.nbytes), work.accumulator)
         if finalize is not None:
             finalize(flat)
         self._executor.unpack_and_finish(req, flat)

@@ -8,7 +8,7 @@ from typing import Callable
 import numpy as np
 
 from .. import algorithms, kernels
-from .._core.work import AllreduceWork, finalizer, nothing, pack, predivides, prescale
+from .._core.work import AllreduceWork, finalizer, nothing, pack, predivides, prescale, unpack
 from .._transport import is_c_contiguous
 from .request import Request
 
@@ -65,7 +65,8 @@ class Executor:
     def _reduce_batch(self, batch: list[Request]) -> None:
         work = batch[0].allreduce
         names = [r.name for r in batch]
-        algorithm = algorithms.choose("allreduce", sum(r.nbytes for r in batch), work.spec, device=work.device,
+        sizes = [work.reduced_nbytes(r.nbytes) for r in batch]
+        algorithm = algorithms.choose("allreduce", sum(sizes), work.reduced_spec, device=work.device,
                                       wire=work.compression.wire, rt=self.rt, setting=self.config.algorithm,
                                       may_ride_cycle=False)
         if getattr(algorithm, "batched", False):
@@ -74,7 +75,7 @@ class Executor:
                 self.complete(r, result)
             return
         own = work.own_buffer() if len(batch) == 1 else None
-        if own is not None and own.dtype == work.accumulator:
+        if own is not None and own.dtype == work.accumulator and not work.splits_average:
             src = self._unscaled_source(work, algorithm)
             if src is None:
                 with self.timeline.span(names, "pack"):
@@ -92,7 +93,7 @@ class Executor:
             results = [e.result for e in work.entries]
             self.complete(batch[0], results if work.grouped else results[0])
             return
-        counts = [r.nbytes // work.spec.dtype.itemsize for r in batch]
+        counts = [n // work.accumulator.itemsize for n in sizes]
         flat = self._fusion_view(sum(counts), work.accumulator)
         with self.timeline.span(names, "pack"):
             offset = 0
@@ -143,7 +144,7 @@ class Executor:
                                                         wire=work.compression.wire, scale=scale))
             return
         finalize = finalizer(work, self.rt.size) or nothing
-        algorithm.run(self.rt, algorithms.Reduction(flat, work.spec, work.op, finalize, phase, src))
+        algorithm.run(self.rt, algorithms.Reduction(flat, work.reduced_spec, work.reduce_op, finalize, phase, src))
 
     def _feed_back_error(self, req: Request, flat: np.ndarray) -> None:
         """Error feedback: add what this name lost to 16-bit rounding last time, and keep
@@ -164,10 +165,11 @@ class Executor:
     def unpack_and_finish(self, req: Request, flat: np.ndarray) -> None:
         """Copy `req`'s part of a reduced buffer into its targets and complete it."""
         with self.timeline.span(req.name, "unpack"):
+            values = unpack(req.allreduce, flat, self.rt.size)
             offset = 0
             for e in req.allreduce.entries:
                 n = e.work.size
-                np.copyto(e.target, flat[offset:offset + n].reshape(e.target.shape), casting="unsafe")
+                np.copyto(e.target, values[offset:offset + n].reshape(e.target.shape), casting="unsafe")
                 offset += n
         entries = req.allreduce.entries
         self.complete(req, [e.result for e in entries] if req.allreduce.grouped else entries[0].result)

@@ -69,7 +69,7 @@ class Request:
         if self._rides_cycle is None:
             work = self.allreduce
             self._rides_cycle = work is not None and algorithms.choose(
-                "allreduce", self.nbytes, work.spec, device=work.device,
+                "allreduce", work.reduced_nbytes(self.nbytes), work.reduced_spec, device=work.device,
                 wire=work.compression.wire) is algorithms.InCycle
         return self._rides_cycle
 

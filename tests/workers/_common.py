@@ -77,11 +77,9 @@ def reference(inputs: list[np.ndarray], op, size: int) -> tuple[np.ndarray, np.n
         if op in (fastring.Sum, fastring.Average):
             if dt == np.bool_:
                 return np.logical_or.reduce(stack), 0
-            total = np.add.reduce(stack, dtype=dt)
-            if op == fastring.Average:
-                wide = total.astype(np.int64)
-                total = (np.sign(wide) * (np.abs(wide) // size)).astype(dt)
-            return total, 0
+            if op == fastring.Average:  # the exact mean, truncated toward zero, never wrapped
+                return exact_int_mean(stack).astype(dt), 0
+            return np.add.reduce(stack, dtype=dt), 0
         if op == fastring.Product:
             return (np.logical_and.reduce(stack) if dt == np.bool_ else np.multiply.reduce(stack, dtype=dt)), 0
         if op == fastring.Min:
@@ -104,6 +102,14 @@ def reference(inputs: list[np.ndarray], op, size: int) -> tuple[np.ndarray, np.n
     if op == fastring.Average:
         return exact / size, bound / size + eps * np.abs(exact / size)
     return exact, bound
+
+
+def exact_int_mean(stack: np.ndarray) -> np.ndarray:
+    """The mean over axis 0 of integer arrays, truncated toward zero, in Python integers."""
+    totals = np.add.reduce(stack.astype(object))
+    n = stack.shape[0]
+    return np.array([(abs(t) // n) * (1 if t >= 0 else -1) for t in np.ravel(totals)],
+                    dtype=object).reshape(np.shape(totals))
 
 
 def check_close(name: str, got: np.ndarray, expected, bound) -> None:
