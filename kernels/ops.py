@@ -140,8 +140,8 @@ def f32_to_fp16(x):
 
 
 # The CPU's own conversion instructions (x86 F16C, AArch64 FCVT), reached through LLVM's
-# half type: 4-6x faster than the portable versions above because they vectorise. They
-# round the same way (to nearest, ties to even); only a signalling NaN comes out quieted,
+# half type: several times faster than the portable versions above because they vectorise.
+# They round the same way (to nearest, ties to even); only a signalling NaN comes out quieted,
 # where NumPy keeps its payload bits. The host ring's wire uses them (HOST_WIRE_CODECS).
 
 @intrinsic

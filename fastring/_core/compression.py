@@ -1,4 +1,4 @@
-"""Gradient compression: 16-bit wire formats with float32 accumulation (API.md).
+"""Gradient compression: 16-bit wire formats with float32 accumulation.
 
 `Compression.fp16` / `Compression.bf16` make allreduce send floating tensors as 16-bit values
 while every rank accumulates in float32 (float64 tensors: in float64), with a fused kernel

@@ -8,22 +8,21 @@ from dataclasses import dataclass
 LOG_LEVELS = ("warning", "info", "debug")
 
 # Messages up to this size take a latency algorithm under FASTRING_ALGORITHM=auto, and a
-# synchronous allreduce this small travels inside its own negotiation cycle. Measured np=2
-# (BENCHMARKS.md): below it MPI's allreduce and the cycle beat the ring; from 256 KiB up the
-# ring is at least as fast, from 1 MiB faster than MPI.
+# synchronous allreduce this small travels inside its own negotiation cycle: below it MPI's
+# allreduce and the cycle are faster than the ring (BENCHMARKS.md, allreduce tables).
 SMALL_MESSAGE_BYTES = 64 * 1024
 # The ring's reduce-scatter moves and reduces chunks in segments of this size, double
-# buffered. Measured np=2 (BENCHMARKS.md): 1 MiB beats 64-512 KiB at every size from 1 MiB
-# to 256 MiB (fewer MPI round trips; MPICH's shared-memory copies run best on large messages)
-# and beats 8 MiB above 16 MiB (the received segment is still in cache when it is reduced).
+# buffered: large enough that MPI round trips are few (MPICH's shared-memory copies run best
+# on large messages), small enough that a received segment is still in cache when it is
+# reduced. Chosen by measurement against 64 KiB-8 MiB at np=2 on the reference machine that
+# BENCHMARKS.md describes.
 RING_SEGMENT_BYTES = 1024 * 1024
 # The ring on a 16-bit wire runs whole (reduce-scatter and allgather) one segment at a time,
-# through three 16-bit buffers of a segment each. Small segments stay in cache, which is
-# fastest while the two cores share theirs; large ones stream, which is fastest while they do
-# not (this VM alternates between the two, BENCHMARKS.md). Measured np=2, fp16 at 64 MiB
-# against uncompressed: 256K elements 1.13-1.17x shared, 0.41x not; 4M elements 0.90-0.93x
-# shared, 0.96-1.00x not. So the ring times both per message size and uses the faster one,
-# trying the other again every WIRE_SEGMENT_RETRY_CALLS calls.
+# through three 16-bit buffers of a segment each. Small segments stay in cache and large ones
+# stream; which is faster depends on how the cores share their caches at the time, which can
+# change between runs (BENCHMARKS.md, "Why compression misses"). So the ring times both per
+# message size and uses the faster one, trying the other again every
+# WIRE_SEGMENT_RETRY_CALLS calls.
 WIRE_SEGMENT_ELEMENTS = 256 * 1024
 WIRE_STREAM_SEGMENT_ELEMENTS = 4 * 1024 * 1024
 WIRE_SEGMENT_RETRY_CALLS = 16
@@ -33,9 +32,8 @@ BROADCAST_CHAIN_BYTES = SMALL_MESSAGE_BYTES
 BROADCAST_SEGMENT_BYTES = 256 * 1024
 # Broadcasts from this size up copy straight between the ranks' memories when every rank is
 # on one host (root and receivers copying at once); below it the extra address and status
-# exchanges cost more than they save. Measured np=2 (transport calls alone, receiver's buffer
-# just written): single copy / tree 7.4 / 6.1 µs at 8 KiB, 10.2 / 10.0 at 64 KiB, 13.1 / 14.6
-# at 128 KiB, 19.3 / 23.9 at 256 KiB.
+# exchanges cost more than they save (single copy and tree break even at about this size;
+# BENCHMARKS.md, Broadcast, for the large sizes).
 BROADCAST_SINGLE_COPY_BYTES = SMALL_MESSAGE_BYTES
 # Bytes per pipelined segment of the device ring: large enough that a copy costs far more than
 # its launch, small enough that the copies of one segment hide behind the exchange of the next.
@@ -92,7 +90,7 @@ def _choice(env: dict, key: str, default: str, allowed: tuple) -> str:
 
 
 def from_environment(env: dict | None = None) -> Config:
-    """Read the FASTRING_* variables (API.md, Configuration), validating each.
+    """Read the FASTRING_* variables (README.md, Configuration), validating each.
 
     Example:
         >>> from_environment({"FASTRING_ALGORITHM": "ring"}).algorithm

@@ -33,7 +33,7 @@ class AllreduceWork:
     entries: list[Entry]
     grouped: bool  # the handle returns a list
     compression: Compressor = Compression.none
-    device: str = "cpu"  # "cuda": entries hold device arrays, reduced by fastring/device.py
+    device: str = "cpu"  # "cuda": entries hold device arrays (fastring/algorithms/device.py)
     block: np.ndarray | None = None  # flat buffer that the entries' work arrays tile, if any
 
     def own_buffer(self) -> np.ndarray | None:

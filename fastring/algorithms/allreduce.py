@@ -188,8 +188,8 @@ class Ring:
 
 class SegmentChooser:
     """The compressed ring's segment (WIRE_SEGMENT_ELEMENTS or WIRE_STREAM_SEGMENT_ELEMENTS,
-    see _config) for each message size, by its power of two: each is tried once, then the
-    one with the lower smoothed time runs, and the other is tried again every
+    see fastring._core.config) for each message size, by its power of two: each is tried once,
+    then the one with the lower smoothed time runs, and the other is tried again every
     WIRE_SEGMENT_RETRY_CALLS calls. Every rank must feed it the same times (the slowest
     rank's), so that all choose alike.
 

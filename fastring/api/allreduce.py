@@ -1,5 +1,6 @@
-"""The framework-agnostic collectives (API.md, core module). Each builds a Request for the
-engine; the synchronous form is the asynchronous one plus a wait."""
+"""The framework-agnostic allreduce, grouped allreduce, synchronize, poll, join and timeline
+(README.md, "The API in brief"). Each builds a Request for the engine; the synchronous form is
+the asynchronous one plus a wait."""
 from __future__ import annotations
 
 from typing import Sequence

@@ -1,5 +1,5 @@
-"""The collectives besides allreduce (API.md, core module): allgather, broadcast, alltoall,
-reducescatter, barrier and the object forms.
+"""The collectives besides allreduce (README.md, "The API in brief"): allgather, broadcast,
+alltoall, reducescatter, barrier and the object forms.
 
 Each is one Request for the engine, built by one `_<op>_request` function that both the
 synchronous form (`engine.run`) and the `_async` form (`engine.submit`) use. Arguments are

@@ -43,7 +43,7 @@ MPI_NAMES = {"allreduce": "MPI_Allreduce", "allgather": "MPI_Allgatherv", "broad
              "alltoall": "MPI_Alltoallv", "reducescatter": "MPI_Reduce_scatter"}
 REDUCING = ("allreduce", "reducescatter")
 PARTITIONED = ("allgather", "alltoall", "reducescatter")   # the count is split into n equal parts
-COMPRESSIBLE = ("allreduce",)                               # ops that take compression= (API.md)
+COMPRESSIBLE = ("allreduce",)                               # ops that take compression=
 # The largest integer each format (element or 16-bit wire format) holds exactly: sums of the
 # integer-valued inputs must stay below it for --check to be exact.
 EXACT_LIMIT = {"uint8": 255, "int8": 127, "int32": 2**31 - 1, "int64": 2**63 - 1,
@@ -617,7 +617,8 @@ def _cpu_model() -> str:
 
 def memory_ceiling(nbytes: int = 256 << 20, repeat: int = 5) -> dict[str, float]:
     """This core's array bandwidth (GB/s of one array's bytes, medians): np.copyto and
-    np.add(a, b, out=a), the ceilings DESIGN.md states results against.
+    np.add(a, b, out=a), the ceilings BENCHMARKS.md gives beside the results ("Machine and
+    versions").
 
     Example:
         >>> sorted(memory_ceiling(1 << 20, 2))
