@@ -10,7 +10,6 @@ import numpy as np
 from mpi4py import MPI
 
 from . import config as _config
-from .._transport import Transport
 
 log = logging.getLogger("fastring")
 
@@ -18,9 +17,12 @@ log = logging.getLogger("fastring")
 class Runtime:
     """What `init` sets up: a private duplicate of the communicator and the rank layout."""
 
-    def __init__(self, comm: MPI.Comm, config: _config.Config):
+    def __init__(self, transport, config: _config.Config):
+        """`transport`: the fastring._transport.Transport over a private duplicate of the
+        user's communicator (built by the layer above, which owns the transport)."""
         self.config = config
-        self.transport = Transport(comm)
+        self.transport = transport
+        comm = transport.comm
         self.rank = self.transport.rank
         self.size = self.transport.size
         local = comm.Split_type(MPI.COMM_TYPE_SHARED, key=self.rank)
