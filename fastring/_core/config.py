@@ -131,3 +131,10 @@ POOL_PER_SIZE = 8
 # shapes of 64 KiB and more took a rank from 112 MB to 2.7 GB.
 POOL_MAX_BYTES = 1 << 30
 POOL_MAX_ENTRIES = 256
+# Error-feedback residuals (fastring._core.residuals), one per tensor name, on the host and
+# on the device. A residual dropped costs that tensor one step's rounding correction, so the
+# caps sit well above a real model's gradients - 4 GiB is every float32 gradient of a
+# 1B-parameter model, 8,192 names more parameter tensors than any common model has - and
+# stop only names that come and go (per-step or per-batch names) from piling up forever.
+RESIDUAL_MAX_BYTES = 4 << 30
+RESIDUAL_MAX_ENTRIES = 8192
