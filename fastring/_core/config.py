@@ -121,7 +121,8 @@ POOL_MIN_BYTES = 64 * 1024
 # share buffers; at most 1/8 of a buffer goes unused, and pages never touched cost no memory.
 POOL_CLASSES_PER_OCTAVE = 8
 # Buffers kept per size: results of one size that callers hold at once (same-shaped layers'
-# gradients of one step). The hot path scans these, so a few, not dozens.
+# gradients of one step). A request whose shape's last buffer is still held scans these for a
+# free one, so a few, not dozens.
 POOL_PER_SIZE = 8
 # What the pool keeps, in all. 1 GiB is 8 default fusion buffers (Config.fusion_threshold,
 # 128 MiB): the new results of one step of a ~250M-parameter float32 model are reused
