@@ -1,8 +1,22 @@
-"""The result-buffer pool: reuse only what nothing references any more."""
+"""The result-buffer pool: reuse only what nothing references any more, keep at most its caps,
+free the least recently used free buffer first; and, on 2 ranks, 2,000 distinct shapes of
+results leave the resident set bounded (tests/workers/bounded_memory.py)."""
+import threading
+import weakref
+
 import numpy as np
 import pytest
 
+from fastring._core import config
 from fastring._core import pool as _pool
+from fastring._core.pool import Pool, size_class
+
+KIB = 1024
+
+
+def owner(result: np.ndarray) -> np.ndarray:
+    """The pooled buffer behind a result (NumPy points every view at the owning array)."""
+    return result if result.base is None else result.base
 
 
 def test_released_buffer_is_reused():
@@ -13,7 +27,7 @@ def test_released_buffer_is_reused():
 
 
 @pytest.mark.parametrize("keep", [lambda b: b[:10], lambda b: b.reshape(-1, 2), lambda b: memoryview(b),
-                                  lambda b: b])
+                                  lambda b: b, lambda b: b.view(np.uint8)[8:]])
 def test_referenced_buffer_is_never_handed_out(keep):
     b = _pool.empty((1 << 15,), np.float64)
     b[:] = 7.0
@@ -21,8 +35,9 @@ def test_referenced_buffer_is_never_handed_out(keep):
     address = b.ctypes.data
     del b
     others = [_pool.empty((1 << 15,), np.float64) for _ in range(3)]
+    others += [_pool.empty((1 << 14,), np.complex128), _pool.empty((1 << 16,), np.int32)]  # same class
     assert all(o.ctypes.data != address for o in others)
-    assert np.asarray(held).reshape(-1)[0] == 7.0
+    assert np.asarray(held).reshape(-1).view(np.uint8)[:8].tobytes() == np.float64(7.0).tobytes()
 
 
 def test_torch_tensor_keeps_its_buffer():
@@ -33,9 +48,172 @@ def test_torch_tensor_keeps_its_buffer():
     address = b.ctypes.data
     del b
     assert _pool.empty((1 << 15,), np.float32).ctypes.data != address
+    assert _pool.empty((1 << 14,), np.float64).ctypes.data != address
     assert float(t[0]) == 3.0
 
 
 def test_small_buffers_are_plain_allocations():
-    a = _pool.empty((4,), np.float32)
+    pool = Pool()
+    a = pool.empty((4,), np.float32)
     assert a.shape == (4,) and a.dtype == np.float32
+    assert pool.kept() == (0, 0)
+
+
+def test_object_arrays_are_plain_allocations():
+    pool = Pool()
+    a = pool.empty((1 << 14,), object)
+    assert a.dtype == object and a[0] is None and pool.kept() == (0, 0)
+
+
+def test_one_buffer_serves_every_shape_and_dtype_of_its_class():
+    pool = Pool()
+    a = pool.empty((100, 1000), np.float32)
+    address = a.ctypes.data
+    del a
+    for shape, dtype in [((50, 2000), np.float32), ((49_999,), np.float64), ((400_000,), np.uint8),
+                         ((10, 10, 999), np.int32), ((100, 1000), np.float32)]:
+        b = pool.empty(shape, dtype)
+        assert (b.ctypes.data, b.shape, b.dtype) == (address, shape, np.dtype(dtype))
+        assert b.flags.c_contiguous and b.flags.writeable
+        b[...] = 1  # the whole view is inside the buffer
+        del b
+    assert pool.kept() == (1, size_class(400_000))
+
+
+def test_size_classes_waste_at_most_an_eighth():
+    sizes = np.unique(np.geomspace(64 * KIB, 1 << 30, 5000).astype(np.int64))
+    classes = [size_class(int(n)) for n in sizes]
+    assert all(n <= c < n * (1 + 1 / config.POOL_CLASSES_PER_OCTAVE) + 1 for n, c in zip(sizes, classes))
+    assert classes == sorted(classes)
+    assert len(set(classes)) <= config.POOL_CLASSES_PER_OCTAVE * 14 + 1  # 64 KiB..1 GiB: 14 octaves
+
+
+def test_many_distinct_shapes_stay_under_the_caps():
+    pool = Pool(max_bytes=4 << 20, max_entries=8)
+    rng = np.random.default_rng(0)
+    held = []
+    for i in range(2000):
+        n = int(rng.integers(64 * KIB, 1 << 20))
+        a = pool.empty((n // 4,), np.float32)
+        a[:2] = i
+        if i % 10 == 0:
+            held.append((i, a))  # some results outlive many others
+            held = held[-5:]
+        del a
+        entries, kept = pool.kept()
+        assert entries <= 8 and kept <= 4 << 20
+    assert all(a[0] == a[1] == i for i, a in held)
+
+
+def test_default_pool_keeps_one_buffer_per_class_of_distinct_released_shapes():
+    pool = Pool()
+    classes = set()
+    for i in range(2000):  # variable sequence lengths: (batch, length, 64) float32
+        a = pool.empty((4, 64 + i, 64), np.float32)
+        classes.add(size_class(a.nbytes))
+        del a
+    entries, kept = pool.kept()
+    # 64 KiB to 2 MiB is five octaves and a bit
+    assert entries == len(classes) <= 6 * config.POOL_CLASSES_PER_OCTAVE and kept == sum(classes)
+    assert kept <= config.POOL_MAX_BYTES and entries <= config.POOL_MAX_ENTRIES
+
+
+def test_buffers_over_the_byte_cap_are_not_kept():
+    pool = Pool(max_bytes=1 << 20)
+    a = pool.empty((1 << 19,), np.float32)  # 2 MiB
+    assert a.nbytes == 2 << 20 and pool.kept() == (0, 0)
+
+
+def test_per_size_cap_leaves_extra_held_results_unpooled():
+    pool = Pool(per_size=2)
+    held = [pool.empty((1 << 15,), np.float32) for _ in range(5)]
+    assert len({a.ctypes.data for a in held}) == 5
+    assert pool.kept() == (2, 2 * size_class(1 << 17))
+
+
+@pytest.mark.parametrize("again", [((1 << 14,), np.float32), ((1 << 13,), np.float64)],
+                         ids=["same shape", "another shape of the class"])
+def test_least_recently_used_free_buffer_goes_first(again):
+    pool = Pool(max_entries=3)
+    shapes = [(1 << 14,), (1 << 15,), (1 << 16,), (1 << 17,)]  # four classes
+    alive = {}
+    for s in shapes[:3]:
+        a = pool.empty(s, np.float32)
+        alive[s] = weakref.ref(owner(a))
+        del a
+    pool.empty(*again)  # shapes[0]'s buffer used again: now the most recent, shapes[1]'s the least
+    pool.empty(shapes[3], np.float32)
+    assert alive[shapes[1]]() is None  # freed, not merely forgotten
+    assert alive[shapes[0]]() is not None and alive[shapes[2]]() is not None
+    assert pool.kept()[0] == 3
+
+
+def test_held_buffers_are_passed_over_for_a_free_one():
+    pool = Pool(max_entries=3)
+    held = pool.empty((1 << 14,), np.float32)  # the least recently used, but held
+    held[:] = 5
+    others = [pool.empty((1 << 15,), np.float32), pool.empty((1 << 16,), np.float32)]
+    gone = weakref.ref(owner(others[0]))
+    del others
+    pool.empty((1 << 17,), np.float32)
+    assert gone() is None
+    address = held.ctypes.data
+    assert all(held == 5)
+    del held
+    assert pool.empty((1 << 14,), np.float32).ctypes.data == address  # still pooled
+
+
+def test_when_every_buffer_is_held_the_oldest_is_forgotten_not_reused():
+    pool = Pool(max_entries=2)
+    held = [pool.empty((1 << 14 << k,), np.float32) for k in range(3)]
+    for k, a in enumerate(held):
+        a[:] = k
+    assert pool.kept()[0] == 2
+    assert [int(a[0]) for a in held] == [0, 1, 2] and all((a == a[0]).all() for a in held)
+    first = weakref.ref(owner(held[0]))
+    address = held[0].ctypes.data
+    fresh = pool.empty((1 << 14,), np.float32)  # held[0] is out of the pool: a new buffer
+    assert fresh.ctypes.data != address and int(held[0][0]) == 0
+    del held[0]
+    assert first() is None  # freed with its holder's reference, not kept by the pool
+
+
+def test_clear_forgets_and_held_results_live_on():
+    pool = Pool()
+    a = pool.empty((1 << 16,), np.float32)
+    a[:] = 2
+    pool.clear()
+    assert pool.kept() == (0, 0) and (a == 2).all()
+
+
+def test_threads_never_share_a_live_buffer():
+    pool = Pool(max_entries=6, max_bytes=1 << 20)
+    errors = []
+
+    def work(tag: int) -> None:
+        rng = np.random.default_rng(tag)
+        mine = []
+        for i in range(3000):
+            n = int(rng.integers(1 << 14, 1 << 16))
+            a = pool.empty((n,), np.int32)
+            a[[0, -1]] = tag * 100_000 + i
+            mine.append((tag * 100_000 + i, a))
+            if len(mine) > 3:
+                value, old = mine.pop(0)
+                if old[0] != value or old[-1] != value:
+                    errors.append((tag, i))
+
+    threads = [threading.Thread(target=work, args=(t,)) for t in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+
+
+def test_caps_are_what_config_says():
+    assert (_pool.POOL.max_bytes, _pool.POOL.max_entries) == (config.POOL_MAX_BYTES, config.POOL_MAX_ENTRIES)
+
+
+def test_distinct_shapes_leave_memory_bounded(mpirun):
+    mpirun(2, "bounded_memory", timeout=120)

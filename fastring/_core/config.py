@@ -108,3 +108,32 @@ def from_environment(env: dict | None = None) -> Config:
         stall_shutdown_time=_number(env, "FASTRING_STALL_SHUTDOWN_TIME", d.stall_shutdown_time, float),
         log_level=_choice(env, "FASTRING_LOG_LEVEL", d.log_level, LOG_LEVELS),
     )
+
+
+# ================================================================ bounded memory
+# Result buffers (fastring._core.pool) below this size come from malloc's reused heap memory
+# anyway; from it up a fresh buffer faults in a page per 4 KiB on first touch.
+POOL_MIN_BYTES = 64 * 1024
+# The pool rounds a request up to one of this many sizes (a power of two) per power of two,
+# so results of nearby sizes (variable batch or sequence lengths, uneven allgather rows)
+# share buffers; at most 1/8 of a buffer goes unused, and pages never touched cost no memory.
+POOL_CLASSES_PER_OCTAVE = 8
+# Buffers kept per size: results of one size that callers hold at once (same-shaped layers'
+# gradients of one step). A request whose shape's last buffer is still held scans these for a
+# free one, so a few, not dozens.
+POOL_PER_SIZE = 8
+# What the pool keeps, in all. 1 GiB is 8 default fusion buffers (Config.fusion_threshold,
+# 128 MiB): the new results of one step of a ~250M-parameter float32 model are reused
+# whole; beyond that a miss costs about one pass over the data (the page faults), never
+# memory. 256 entries bound the eviction scan and are two buffers for each of the 112 sizes
+# from 64 KiB to 1 GiB; a step uses tens of distinct sizes. Without these caps 2,000 distinct
+# shapes of 64 KiB and more took a rank from 112 MB to 2.7 GB.
+POOL_MAX_BYTES = 1 << 30
+POOL_MAX_ENTRIES = 256
+# Error-feedback residuals (fastring._core.residuals), one per tensor name, on the host and
+# on the device. A residual dropped costs that tensor one step's rounding correction, so the
+# caps sit well above a real model's gradients - 4 GiB is every float32 gradient of a
+# 1B-parameter model, 8,192 names more parameter tensors than any common model has - and
+# stop only names that come and go (per-step or per-batch names) from piling up forever.
+RESIDUAL_MAX_BYTES = 4 << 30
+RESIDUAL_MAX_ENTRIES = 8192

@@ -21,6 +21,7 @@ import numpy as np
 
 from .config import cuda_aware_setting
 from .dtypes import BFLOAT16, DtypeSpec, spec_of
+from .residuals import Residuals
 from .work import Entry
 
 _KDL_CUDA, _KDL_CUDA_MANAGED = 2, 13  # DLPack device types in GPU memory
@@ -279,7 +280,7 @@ class DeviceState:
         self.lock = threading.Lock()
         self.streams: tuple | None = None
         self.buffers: dict[str, Any] = {}
-        self.residuals: dict[str, Any] = {}  # error feedback by tensor name, on the device
+        self.residuals = Residuals()  # error feedback by tensor name, on the device
         self.aware: bool | None = None
 
     def claim(self, device: int) -> None:

@@ -1,47 +1,199 @@
-"""Result buffers reused once nothing references them any more.
+"""Result buffers reused once nothing references them any more, within a cap.
 
-Collectives that return new tensors run every training step with the same shapes; a fresh
-buffer each time faults in a page per 4 KiB on first touch, which for a few MiB costs about
-as much as moving the data. A buffer is handed out again only when its reference count shows
-that no result (nor any view of it, nor a tensor made from it by DLPack, all of which keep
-it alive) exists outside the pool, so a result a caller holds is never overwritten.
+Collectives that return new tensors run every training step with the same or nearby shapes;
+a fresh buffer each time faults in a page per 4 KiB on first touch, which for a few MiB
+costs about as much as moving the data. So results come from a pool of byte buffers, each
+handed out as a view of the requested shape and dtype.
+
+A buffer is handed out again only when reference counts show that no result (nor any view
+of it, nor a tensor made from it by DLPack, all of which keep the buffer alive) exists
+outside the pool, so a result a caller holds is never overwritten.
+
+Buffers are kept by size class, not by shape: a request is rounded up to one of
+POOL_CLASSES_PER_OCTAVE sizes per power of two, so one buffer serves every shape and dtype of
+nearby byte sizes. Keyed by shape, 2,000 distinct shapes kept 2,000 buffers; by class they
+share a few dozen. What the pool keeps is capped in bytes and in buffers (config.py says
+why those values); past a cap the least recently used buffer nobody references is freed.
 """
 from __future__ import annotations
 
 import math
 import sys
 import threading
+from collections import OrderedDict
 
 import numpy as np
 
-# Buffers smaller than this come from malloc's reused heap memory anyway.
-MIN_POOLED_BYTES = 64 * 1024
-PER_SHAPE = 4
+from .config import (POOL_CLASSES_PER_OCTAVE, POOL_MAX_BYTES, POOL_MAX_ENTRIES, POOL_MIN_BYTES,
+                     POOL_PER_SIZE)
 
-_buffers: dict[tuple, list[np.ndarray]] = {}
-_lock = threading.Lock()
+_getrefcount = sys.getrefcount
+# A class spans 1/POOL_CLASSES_PER_OCTAVE of its power of two: the request's bit length less
+# this many bits is the log2 of the class step.
+_CLASS_BITS = POOL_CLASSES_PER_OCTAVE.bit_length()
 
 
-def empty(shape, dtype) -> np.ndarray:
-    """Like np.empty, but a buffer of this shape and dtype that is no longer referenced is
-    reused instead of freshly allocated.
+def size_class(nbytes: int) -> int:
+    """The buffer size that serves a request of `nbytes` (POOL_CLASSES_PER_OCTAVE per power
+    of two; a power of two or a multiple of the class step is its own class).
 
     Example:
-        >>> a = empty((1 << 15,), np.float32); address = a.ctypes.data; del a
-        >>> empty((1 << 15,), np.float32).ctypes.data == address
-        True
+        >>> size_class(65536), size_class(65537), size_class(100_000)
+        (65536, 73728, 106496)
     """
-    dtype = np.dtype(dtype)
-    shape = tuple(shape)
-    if dtype.itemsize * math.prod(shape) < MIN_POOLED_BYTES:
-        return np.empty(shape, dtype)
-    key = (shape, dtype)
-    with _lock:
-        buffers = _buffers.setdefault(key, [])
-        for buffer in buffers:
-            if sys.getrefcount(buffer) == 3:  # the list, `buffer`, getrefcount's argument
-                return buffer
-        buffer = np.empty(shape, dtype)
-        if len(buffers) < PER_SHAPE:
-            buffers.append(buffer)
-        return buffer
+    step = 1 << max(nbytes.bit_length() - _CLASS_BITS, 0)
+    return (nbytes + step - 1) & -step
+
+
+class _Slot:
+    """One pooled buffer and the view of it last handed out (reused while the caller asks
+    for the same shape and dtype, so the hot path builds no array)."""
+    __slots__ = ("base", "view", "key")
+
+    def __init__(self, base: np.ndarray, view: np.ndarray, key: tuple) -> None:
+        self.base, self.view, self.key = base, view, key
+
+
+# A slot is free when only the pool references its buffer and view. Counted by getrefcount
+# on the attribute itself: the view's references are `slot.view` and getrefcount's argument;
+# the buffer's, `slot.base`, the view's .base (NumPy points every view, and every view of a
+# view, at the array that owns the memory) and the argument. Anything a caller holds - the
+# result, a slice, a reshape, a memoryview, a DLPack capsule - adds one to one of the two.
+_FREE_VIEW, _FREE_BASE = 2, 3
+
+
+def _is_free(slot: _Slot) -> bool:
+    return _getrefcount(slot.view) == _FREE_VIEW and _getrefcount(slot.base) == _FREE_BASE
+
+
+class Pool:
+    """Buffers for results, reused when nothing references them, at most `max_bytes` and
+    `max_entries` of them kept (in size-class bytes), `per_size` per size class.
+
+    Thread-safe: the engine's thread and the callers' allocate from one pool.
+
+    Example:
+        >>> pool = Pool(max_bytes=1 << 20, max_entries=4)
+        >>> a = pool.empty((128, 128), np.float32); address = a.ctypes.data; del a
+        >>> b = pool.empty((64, 256), np.float32)        # another shape, same bytes
+        >>> b.ctypes.data == address, b.shape
+        (True, (64, 256))
+        >>> c = pool.empty((128, 128), np.float32)       # b is still held: never handed out
+        >>> c.ctypes.data == address
+        False
+        >>> pool.kept()
+        (2, 131072)
+    """
+
+    def __init__(self, max_bytes: int = POOL_MAX_BYTES, max_entries: int = POOL_MAX_ENTRIES,
+                 per_size: int = POOL_PER_SIZE, min_bytes: int = POOL_MIN_BYTES) -> None:
+        self.max_bytes, self.max_entries = max_bytes, max_entries
+        self.per_size, self.min_bytes = per_size, min_bytes
+        self._by_size: dict[int, list[_Slot]] = {}
+        self._by_key: dict[tuple, _Slot] = {}  # (shape, dtype) -> a slot viewed so: the hot path
+        self._lru: OrderedDict[_Slot, None] = OrderedDict()  # least recently used first
+        self._bytes = 0
+        self._lock = threading.Lock()
+
+    def empty(self, shape, dtype) -> np.ndarray:
+        """Like np.empty, but a pooled buffer of the request's size class that nothing
+        references any more is reused (as a view) instead of freshly allocated.
+
+        Example:
+            >>> pool = Pool()
+            >>> a = pool.empty((1 << 15,), np.float32); address = a.ctypes.data; del a
+            >>> pool.empty((1 << 15,), np.float32).ctypes.data == address
+            True
+        """
+        dtype = np.dtype(dtype)
+        shape = tuple(shape)
+        nbytes = dtype.itemsize * math.prod(shape)
+        if nbytes < self.min_bytes:
+            return np.empty(shape, dtype)
+        key = (shape, dtype)
+        with self._lock:
+            # The hot path, a shape asked for again: its last buffer, if free, as it was.
+            slot = self._by_key.get(key)
+            if slot is not None and _getrefcount(slot.view) == _FREE_VIEW \
+                    and _getrefcount(slot.base) == _FREE_BASE:
+                self._lru.move_to_end(slot)
+                return slot.view
+            return self._reuse_or_add(key, nbytes)
+
+    def _reuse_or_add(self, key: tuple, nbytes: int) -> np.ndarray:
+        """A free buffer of the request's size class, viewed as `key` says; else a new one."""
+        shape, dtype = key
+        if dtype.hasobject:  # object arrays cannot view bytes
+            return np.empty(shape, dtype)
+        size = size_class(nbytes)
+        slots = self._by_size.get(size)
+        if slots is not None:
+            for slot in slots:
+                if _is_free(slot):
+                    self._lru.move_to_end(slot)
+                    if slot.key != key:
+                        self._unkey(slot)
+                        slot.view, slot.key = slot.base[:nbytes].view(dtype).reshape(shape), key
+                    self._by_key[key] = slot
+                    return slot.view
+            if len(slots) >= self.per_size:  # all held: this one is the caller's alone
+                return np.empty(shape, dtype)
+        if size > self.max_bytes or self.max_entries < 1:
+            return np.empty(shape, dtype)
+        while self._bytes + size > self.max_bytes or len(self._lru) >= self.max_entries:
+            self._evict()
+        base = np.empty(size, np.uint8)
+        slot = _Slot(base, base[:nbytes].view(dtype).reshape(shape), key)
+        self._by_size.setdefault(size, []).append(slot)
+        self._by_key[key] = slot
+        self._lru[slot] = None
+        self._bytes += size
+        return slot.view
+
+    def _unkey(self, slot: _Slot) -> None:
+        if self._by_key.get(slot.key) is slot:
+            del self._by_key[slot.key]
+
+    def _evict(self) -> None:
+        """Drop the least recently used free buffer; failing that (every buffer is held),
+        forget the least recently used held one: its holder keeps it alive, and it is freed
+        with the holder's last reference instead of staying in the pool after."""
+        victim = next((slot for slot in self._lru if _is_free(slot)), None)
+        if victim is None:
+            victim = next(iter(self._lru))
+        del self._lru[victim]
+        self._unkey(victim)
+        size = victim.base.size
+        slots = self._by_size[size]
+        slots.remove(victim)
+        if not slots:
+            del self._by_size[size]
+        self._bytes -= size
+
+    def kept(self) -> tuple[int, int]:
+        """(buffers, bytes) the pool keeps now.
+
+        Example:
+            >>> Pool().kept()
+            (0, 0)
+        """
+        with self._lock:
+            return len(self._lru), self._bytes
+
+    def clear(self) -> None:
+        """Forget every buffer (held ones live on with their holders).
+
+        Example:
+            >>> pool = Pool(); _ = pool.empty((1 << 16,), np.uint8); pool.clear(); pool.kept()
+            (0, 0)
+        """
+        with self._lock:
+            self._by_size.clear()
+            self._by_key.clear()
+            self._lru.clear()
+            self._bytes = 0
+
+
+# The process's pool: every collective's results.
+POOL = Pool()
+empty = POOL.empty

@@ -149,11 +149,12 @@ class _Batch:
             offset += n
             if not n:
                 continue
-            residual = self.state.residuals.get(name)
-            if residual is not None and residual.size == n and residual.dtype == lay.acc:
+            residual = self.state.residuals.get(name, (n,), lay.acc)
+            if residual is not None:
                 kc.reduce_into(mine, residual, KERNEL_OP[ReduceOp.Sum], stream=up)
             else:
-                residual = self.state.residuals[name] = numba_cuda().device_array(n, lay.acc)
+                residual = numba_cuda().device_array(n, lay.acc)
+                self.state.residuals.put(name, residual)
             kc.encode16(mine, bits[:n], lay.wire, stream=up)
             kc.decode16(bits[:n], residual, lay.wire, stream=up)      # what is sent
             kc.scale_into(residual, -1.0, stream=up)                   # exact negation
