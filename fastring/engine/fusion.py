@@ -8,6 +8,7 @@ from typing import Callable
 import numpy as np
 
 from .. import algorithms, kernels
+from .._core.residuals import Residuals
 from .._core.work import AllreduceWork, finalizer, nothing, pack, predivides, prescale, unpack
 from .._transport import is_c_contiguous
 from .request import Request
@@ -24,7 +25,7 @@ class Executor:
         self.timeline = timeline
         self.complete = complete
         self._fusion = np.empty(0, np.uint8)
-        self.residuals: dict[str, np.ndarray] = {}  # error feedback, by tensor name
+        self.residuals = Residuals()  # error feedback by tensor name, least recently used dropped
 
     def phase(self, names) -> algorithms.Phase:
         """The timeline phases of the requests `names`."""
@@ -152,14 +153,14 @@ class Executor:
         compression = req.allreduce.compression
         if not compression.error_feedback:
             return
-        residual = self.residuals.get(req.name)
-        if residual is not None and residual.shape == flat.shape and residual.dtype == flat.dtype:
+        residual = self.residuals.get(req.name, flat.shape, flat.dtype)
+        if residual is not None:
             flat += residual
         bits = np.empty(flat.size, np.uint16)
         kernels.encode16(flat, bits, compression.wire)
         sent = np.empty_like(flat)
         kernels.decode16(bits, sent, compression.wire)
-        self.residuals[req.name] = flat - sent
+        self.residuals.put(req.name, flat - sent)
         flat[...] = sent
 
     def unpack_and_finish(self, req: Request, flat: np.ndarray) -> None:
