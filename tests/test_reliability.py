@@ -30,3 +30,8 @@ def test_a_rank_leaving_never_blocks_the_others(mpirun, n, case):
 @pytest.mark.parametrize("n", [1, 2, 3])
 def test_integer_average_is_exact(mpirun, n):
     mpirun(n, "int_average", timeout=120)
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_join_with_allgather_broadcast_barrier(mpirun, n):
+    mpirun(n, "join_collectives", timeout=120)

@@ -23,6 +23,8 @@ from typing import Callable
 import numpy as np
 
 from .. import algorithms
+from ..algorithms import broadcast_bytes
+from ..algorithms.collectives import allgather_rows, gather_counts
 from .._core import pool as _pool
 from .._core.compression import Compression
 from .._core.dtypes import SUPPORTED, DtypeSpec
@@ -458,14 +460,14 @@ class Engine:
             if not all(f == first for f in per_rank.values()):
                 errors.append((name, describe_mismatch(name, per_rank)))
                 continue
+            # decided alike on every rank, from what every rank sees
+            absent = joined - set(per_rank)
+            refused = _refused_while_joined(name, first, absent) if absent else None
+            if refused is not None:
+                errors.append((name, refused))
+                continue
             self._neg.remember(name, first)
-            if name in local:
-                ready.append(local[name])
-            else:
-                try:
-                    ready.append(self._zeros_request(name, first))
-                except ValueError as e:
-                    errors.append((name, str(e)))
+            ready.append(local[name] if name in local else self._zeros_request(name, first))
         if len(joined) == size:
             self._finish_join()
         return ready, errors, leftover
@@ -508,20 +510,57 @@ class Engine:
             handle._finish(last)
 
     def _zeros_request(self, name: str, fields: tuple) -> Request:
-        """What a joined rank contributes to a collective it never submitted."""
+        """What a joined rank contributes to a collective it never submitted: zeros to an
+        allreduce, no rows to an allgather, a receiver to a broadcast, itself to a barrier."""
         self._note_automatic_name(name)
         f = dict(fields)
-        if f["collective"] not in ("allreduce", "grouped_allreduce"):
-            raise ValueError(f"{f['collective']} '{name}' cannot run while a rank has joined: "
-                             "only allreduce takes zeros from joined ranks")
-        spec = next(s for s in SUPPORTED.values() if s.name == f["dtype"])
-        grouped = f["collective"] == "grouped_allreduce"
-        shapes = f["shape"] if grouped else (f["shape"],)
-        entries = []
-        for shape in shapes:
-            work = np.empty(shape, spec.dtype)
-            entries.append(Entry(np.zeros(shape, spec.dtype), work, work, work))
-        work = AllreduceWork(spec, ReduceOp[f["op"]], f["prescale_factor"], f["postscale_factor"],
-                             entries, grouped, getattr(Compression, f["compression"]), device=f["device"])
-        nbytes = sum(e.src.nbytes for e in entries)
-        return Request(f["collective"], name, fields, nbytes, Handle(self, name), allreduce=work)
+        kind = f["collective"]
+        spec = next((s for s in SUPPORTED.values() if s.name == f.get("dtype")), None)
+        if kind in ("allreduce", "grouped_allreduce"):
+            grouped = kind == "grouped_allreduce"
+            shapes = f["shape"] if grouped else (f["shape"],)
+            entries = []
+            for shape in shapes:
+                work = np.empty(shape, spec.dtype)
+                entries.append(Entry(np.zeros(shape, spec.dtype), work, work, work))
+            work = AllreduceWork(spec, ReduceOp[f["op"]], f["prescale_factor"], f["postscale_factor"],
+                                 entries, grouped, getattr(Compression, f["compression"]), device=f["device"])
+            nbytes = sum(e.src.nbytes for e in entries)
+            return Request(kind, name, fields, nbytes, Handle(self, name), allreduce=work)
+        if kind == "allgather":
+            rows = np.empty((0,) + tuple(f["trailing_shape"]), spec.dtype)
+
+            def execute(rt):
+                counts = gather_counts(rt, 0)
+                out = np.empty((int(counts.sum()),) + rows.shape[1:], spec.dtype)
+                allgather_rows(rt, rows, counts, out)
+        elif kind == "broadcast":
+            def execute(rt):
+                broadcast_bytes(rt, np.empty(f["shape"], spec.dtype), f["root_rank"])
+        else:  # barrier: _refused_while_joined let nothing else through
+            def execute(rt):
+                rt.transport.barrier()
+        return Request(kind, name, fields, 0, Handle(self, name), execute=execute)
+
+
+# What a joined rank can take part in without data of its own (see Engine._zeros_request).
+JOINABLE = ("allreduce", "grouped_allreduce", "allgather", "broadcast", "barrier")
+
+
+def _refused_while_joined(name: str, fields: tuple, absent: set[int]) -> str | None:
+    """Why collective `name` cannot run while ranks `absent` have joined instead of calling it
+    (the same answer on every rank), or None when it can.
+
+    Example:
+        >>> _refused_while_joined("x", (("collective", "alltoall"),), {1}) is not None
+        True
+    """
+    f = dict(fields)
+    kind = f["collective"]
+    if kind not in JOINABLE:
+        return (f"{kind} '{name}' cannot run while ranks {sorted(absent)} have joined: a joined rank "
+                f"takes part only in {', '.join(JOINABLE)}")
+    if kind == "broadcast" and f["root_rank"] in absent:
+        return (f"broadcast '{name}' cannot run: its root, rank {f['root_rank']}, has joined and has "
+                "no data to send")
+    return None
