@@ -35,3 +35,10 @@ def test_integer_average_is_exact(mpirun, n):
 @pytest.mark.parametrize("n", [2, 3])
 def test_join_with_allgather_broadcast_barrier(mpirun, n):
     mpirun(n, "join_collectives", timeout=120)
+
+
+@pytest.mark.parametrize("n", [2, 3])
+@pytest.mark.parametrize("nbytes", [64, 1 << 20])
+def test_a_late_rank_is_an_error_on_time(mpirun, n, nbytes):
+    proc = mpirun(n, "late", nbytes, env={"FASTRING_STALL_SHUTDOWN_TIME": "2"}, timeout=60)
+    assert proc.stdout.count("FastringError after") == n, proc.stdout

@@ -131,7 +131,7 @@ class Engine:
                     else:
                         self._executor.execute([req])
             except BaseException as e:  # noqa: BLE001 - delivered to every waiter
-                self._fail_all(e)
+                self._abandon(e)
                 if not req.handle._done:
                     req.handle._finish(error=e)
             finally:
@@ -173,7 +173,7 @@ class Engine:
                     req.signature_hash = h
                     self._lone_failed(req, outcome, words)
             except BaseException as e:  # noqa: BLE001 - every waiter must hear of it
-                self._fail_all(e)
+                self._abandon(e)
                 raise
             if clean:
                 # as in execution, an error of the reduction itself is the caller's alone
@@ -246,7 +246,7 @@ class Engine:
                             # instead of spinning them.
                             time.sleep(idle_pause)
                 except BaseException as e:  # noqa: BLE001 - delivered to every waiter
-                    self._fail_all(e)
+                    self._abandon(e)
                 finally:
                     self._cycle_lock.release()
             else:
@@ -285,7 +285,7 @@ class Engine:
                     try:
                         self._cycle()
                     except BaseException as e:  # noqa: BLE001 - delivered to every waiter
-                        self._fail_all(e)
+                        self._abandon(e)
 
     def shutdown(self) -> None:
         """Leave: one last cycle tells every other rank that this one is shutting down (their
@@ -319,6 +319,13 @@ class Engine:
             names = list(self._pending)
         self._fail_all(FastringError(f"{who} shut down (exited or called fastring.shutdown) while this "
                                      f"rank still had collectives to run: {', '.join(names) or 'none'}"))
+
+    def _abandon(self, error: BaseException) -> None:
+        """A cycle failed here (a stall, an MPI error): fail everything, and tell the other
+        ranks, so that one arriving late cannot complete a cycle with what this rank left
+        posted (see Negotiation.check_abandoned)."""
+        self._fail_all(error)
+        self._neg.abandon()
 
     def _fail_all(self, error: BaseException, broken: bool = True) -> None:
         if broken:

@@ -20,7 +20,10 @@ from typing import Any
 
 import numpy as np
 
+from mpi4py import MPI
+
 from .. import kernels
+from .._core.errors import FastringError
 from .._core.config import SMALL_MESSAGE_BYTES
 from .._core.ops import KERNEL_OP, ReduceOp
 from .._transport import SPECULATION_FAILED, array_address
@@ -33,7 +36,9 @@ CACHE_CAPACITY = 1 << 14
 HEADER_WORDS = 3
 # Byte offset of the speculative payload in a cycle block with w bit-vector words.
 PAYLOAD_OFFSET = [8 * (HEADER_WORDS + 2 * w) for w in range(CACHE_CAPACITY // 64 + 1)]
-NO_PAYLOAD = (0, 1)  # (reduction cfunc, item size) of a cycle that carries no payload
+NO_PAYLOAD = (0, 1)
+# MPI tag of the notice a rank sends every other rank when it abandons its cycles.
+ABANDON_TAG = 30  # (reduction cfunc, item size) of a cycle that carries no payload
 
 
 def describe_mismatch(name: str, by_rank: dict[int, tuple]) -> str:
@@ -98,6 +103,9 @@ class Negotiation:
     def __init__(self, transport, stall_reporter):
         self._transport = transport
         self.stall_reporter = stall_reporter
+        # Only a rank with a stall deadline abandons cycles, so only then can a notice come.
+        self._watch_abandon = stall_reporter.shutdown_after > 0 and transport.size > 1
+        self._notices: list = []
         self.cache: dict[str, tuple[int, tuple]] = {}   # name -> (bit, fields)
         self._cache_names: list[str] = []
         self._field_digests: dict[tuple, bytes] = {}
@@ -187,6 +195,8 @@ class Negotiation:
         outcome = self._transport.cycle_exchange(
             self.block_address, words, SMALL_MESSAGE_BYTES, self._block_tmp_address, *reducer,
             self.stall_reporter.interval, self.stall_reporter)
+        if self._watch_abandon:
+            self.check_abandoned()
         if bits_written:
             self._bits_dirty = True
         else:
@@ -194,6 +204,28 @@ class Negotiation:
             self._bits_dirty = bool(outcome[2] or outcome[3])
             self._clean_words = words
         return outcome
+
+    def abandon(self) -> None:
+        """Tell every other rank that this one abandoned its cycles: what it left posted (a
+        block another rank could still receive) must not complete anyone's cycle."""
+        comm, me = self._transport.comm, self._transport.rank
+        note = np.array([me], np.int64)
+        for r in range(self._transport.size):
+            if r != me:
+                self._notices.append((note, comm.Isend(note, r, ABANDON_TAG)))
+
+    def check_abandoned(self) -> None:
+        """FastringError if another rank has abandoned its cycles: the cycle that just ended
+        may have used a block that rank left behind."""
+        comm = self._transport.comm
+        status = MPI.Status()
+        # MPICH's first probe may only pull a queued message in, the second then matches it.
+        if comm.Iprobe(MPI.ANY_SOURCE, ABANDON_TAG, status) or comm.Iprobe(MPI.ANY_SOURCE, ABANDON_TAG, status):
+            source = status.Get_source()
+            comm.Recv(np.empty(1, np.int64), source, ABANDON_TAG)
+            raise FastringError(f"rank {source} abandoned its collectives after a stall "
+                                f"(FASTRING_STALL_SHUTDOWN_TIME={self.stall_reporter.shutdown_after:g}); "
+                                "nothing more can run with it")
 
     def remember(self, name: str, fields: tuple) -> None:
         """Cache an agreed (name, fields); called in the same order on every rank."""
