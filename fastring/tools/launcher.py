@@ -2,14 +2,34 @@
 
 Example:
     fastring-run -np 2 python -c "import fastring; fastring.init(); print(fastring.rank())"
+
+Failure behaviour (the README's "Failure behaviour" section says the same for users):
+
+* A rank that ends with a non-zero exit code or an uncaught exception ends the job with that
+  code. MPICH's hydra alone does not: a Python rank finalizes MPI at exit, and MPI_Finalize
+  waits for every other rank, so a `sys.exit(3)` on one rank while the others waited in a
+  barrier hung the job. fastring-run runs Python ranks under a small guard (`run_rank`, this
+  file run as a script) that stops the job with MPI_Abort(code) `--exit-grace` seconds after
+  the failure.
+* A rank killed by signal N ends the job with exit code N and hydra's "BAD TERMINATION" banner.
 """
 from __future__ import annotations
 
 import argparse
 import os
+import re
 import shutil
 import subprocess
 import sys
+
+# First argument of this file run as a script to become the guard of one rank (see run_rank).
+RANK_FLAG = "--as-rank"
+GRACE_ENV = "FASTRING_EXIT_GRACE"
+DEFAULT_GRACE = 2.0
+_PYTHON_NAME = re.compile(r"python(\d+(\.\d+)*)?$")
+# One-letter interpreter options without an argument; -h -i -V -? run no program, so a command
+# using them is left as it is.
+_PYTHON_FLAGS = set("bBdEIOPqRsSuvx")
 
 
 def mpiexec_path() -> str:
@@ -40,6 +60,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--fusion-threshold-mb", type=float, help="fusion buffer size in MiB")
     p.add_argument("--cycle-time-ms", type=float, help="ms between negotiation cycles")
     p.add_argument("--stall-check-time", type=float, help="seconds before a stall warning")
+    p.add_argument("--exit-grace", type=float,
+                   help=f"seconds from a Python rank's failure to its stopping the job, for the "
+                        f"others to write their last output (default {DEFAULT_GRACE:g}; {GRACE_ENV})")
     p.add_argument("command", nargs=argparse.REMAINDER, help="the program and its arguments")
     return p
 
@@ -48,9 +71,11 @@ def build_command(argv: list[str]) -> tuple[list[str], dict[str, str]]:
     """The mpiexec command line and environment for fastring-run's arguments.
 
     Example:
-        >>> cmd, env = build_command(["-np", "2", "--cycle-time-ms", "5", "python", "x.py"])
+        >>> cmd, env = build_command(["-np", "2", "--cycle-time-ms", "5", "sh", "x.sh"])
         >>> cmd[1:], env["FASTRING_CYCLE_TIME"]
-        (['-n', '2', 'python', 'x.py'], '5.0')
+        (['-n', '2', 'sh', 'x.sh'], '5.0')
+        >>> build_command(["-np", "2", "python", "x.py"])[0][5:]   # [4] is this file: the rank guard
+        ['--as-rank', 'x.py']
     """
     args = _parser().parse_args(argv)
     if args.np < 1:
@@ -59,12 +84,15 @@ def build_command(argv: list[str]) -> tuple[list[str], dict[str, str]]:
         raise SystemExit("fastring-run: no command given")
     if args.hosts and args.hostfile:
         raise SystemExit("fastring-run: give either -H or --hostfile, not both")
+    if args.exit_grace is not None and args.exit_grace < 0:
+        raise SystemExit(f"fastring-run: --exit-grace must not be negative, got {args.exit_grace}")
     env = dict(os.environ)
     # Console scripts of this environment (fastring-bench, ...) must resolve on every rank.
     env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
     for value, key in ((args.timeline, "FASTRING_TIMELINE"),
                        (args.cycle_time_ms, "FASTRING_CYCLE_TIME"),
-                       (args.stall_check_time, "FASTRING_STALL_CHECK_TIME")):
+                       (args.stall_check_time, "FASTRING_STALL_CHECK_TIME"),
+                       (args.exit_grace, GRACE_ENV)):
         if value is not None:
             env[key] = str(value)
     if args.fusion_threshold_mb is not None:
@@ -77,7 +105,211 @@ def build_command(argv: list[str]) -> tuple[list[str], dict[str, str]]:
             raise SystemExit(f"fastring-run: hostfile {args.hostfile!r} does not exist")
         cmd += ["-f", args.hostfile]
     command = args.command[1:] if args.command[0] == "--" else args.command
-    return cmd + command, env
+    if not command:
+        raise SystemExit("fastring-run: no command given")
+    return cmd + guard_command(command, path=env["PATH"]), env
+
+
+# ---------------------------------------------------------------------------- the rank guard
+
+def guard_command(command: list[str], path: str | None = None) -> list[str]:
+    """`command` run under the rank guard (`run_rank`) when it runs a Python program: a
+    `python`/`python3.X` command or a script whose `#!` line names one (console scripts such as
+    fastring-bench), looked up on `path`. Any other command is returned unchanged.
+
+    Example:
+        >>> g = guard_command(["python", "-u", "train.py", "--lr", "0.1"])
+        >>> g[0], g[1], g[2].endswith("launcher.py"), g[3:]
+        ('python', '-u', True, ['--as-rank', 'train.py', '--lr', '0.1'])
+        >>> guard_command(["hostname"])
+        ['hostname']
+        >>> guard_command(["python", "-i"])   # interactive: no program to guard
+        ['python', '-i']
+    """
+    command = list(command)
+    if not _PYTHON_NAME.match(os.path.basename(command[0])):
+        script = shutil.which(command[0], path=path)
+        interpreter = _python_of_script(script) if script else None
+        if interpreter is None:
+            return command
+        command = [*interpreter, script, *command[1:]]
+        if len(interpreter) > 1:  # '#!/usr/bin/env python3': env's argument is the interpreter
+            command = command[1:]
+    split = _split_python_args(command[1:])
+    if split is None:
+        return command
+    options, program = split
+    return [command[0], *options, os.path.abspath(__file__), RANK_FLAG, *program]
+
+
+def _python_of_script(path: str) -> list[str] | None:
+    """The interpreter words of `path`'s `#!` line when they name Python, else None."""
+    try:
+        with open(path, "rb") as f:
+            first = f.readline(512)
+    except OSError:
+        return None
+    if not first.startswith(b"#!"):
+        return None
+    words = first[2:].decode(errors="replace").split()
+    if words and _PYTHON_NAME.match(os.path.basename(words[0])):
+        return words[:1]
+    if len(words) == 2 and os.path.basename(words[0]) == "env" and _PYTHON_NAME.match(words[1]):
+        return words
+    return None
+
+
+def _split_python_args(args: list[str]) -> tuple[list[str], list[str]] | None:
+    """(interpreter options, program and its arguments) of the words after `python`, where the
+    program is `-c CODE`, `-m MODULE`, `-` or a script; None when there is no program.
+
+    Example:
+        >>> _split_python_args(["-u", "-X", "dev", "-Wignore", "x.py", "-v"])
+        (['-u', '-X', 'dev', '-Wignore'], ['x.py', '-v'])
+        >>> _split_python_args(["-uc", "print(1)"])
+        (['-u'], ['-c', 'print(1)'])
+    """
+    i = 0
+    while i < len(args):
+        word = args[i]
+        if word == "-" or not word.startswith("-"):
+            return args[:i], args[i:]
+        if word.startswith("--"):
+            if word != "--check-hash-based-pycs":
+                return None  # --help, --version, ...
+            i += 2
+            continue
+        for j, letter in enumerate(word[1:], start=1):
+            if letter in "cm":  # the program: split it from the options before it, e.g. -uc
+                options = args[:i] + ([word[:j]] if j > 1 else [])
+                return options, [f"-{letter}", *([word[j + 1:]] if word[j + 1:] else []), *args[i + 1:]]
+            if letter in "WX":
+                i += j == len(word) - 1  # '-W arg': the next word is the option's argument
+                break
+            if letter not in _PYTHON_FLAGS:
+                return None
+        i += 1
+    return None
+
+
+def run_rank(program: list[str]) -> None:
+    """Run `program` (`-c CODE`, `-m MODULE`, `-` or a script, with its arguments) as
+    `python PROGRAM` would, and make sure a failure ends the whole job instead of hanging it.
+
+    When the program ends with a non-zero exit code or an uncaught exception (traceback
+    printed as Python prints it) in a job of several ranks, the rank runs its atexit handlers
+    (fastring's shutdown among them) and, FASTRING_EXIT_GRACE seconds (2 by default) after the
+    failure, stops the job with MPI_Abort and that exit code, which fastring-run returns. The
+    grace lets ranks that fail at the same time write their last output. A rank that fails
+    before starting MPI starts it first: the others wait for it in MPI_Init, and hydra ignores
+    ranks that never started MPI. fastring-run starts Python ranks this way:
+
+    Example:
+        fastring-run -np 2 python -c "import sys; from mpi4py import MPI; MPI.COMM_WORLD.rank or MPI.COMM_WORLD.Barrier(); sys.exit(3)"
+        # stderr: fastring-run: rank 1 exited with code 3; stopping the job
+        # exit code 3, about 2 s after rank 1 ended
+    """
+    try:
+        # Only mpi4py's runner, not mpi4py.MPI: the program decides when (and whether) MPI starts.
+        from mpi4py.run import run_command_line
+    except ImportError:
+        # An interpreter without mpi4py: its program cannot hang in mpi4py's MPI_Finalize, so
+        # it runs unguarded, with the interpreter options it was given.
+        argv = getattr(sys, "orig_argv", [sys.executable, RANK_FLAG, *program])
+        flag = argv.index(RANK_FLAG)
+        os.execv(sys.executable, [*argv[:max(flag - 1, 1)], *argv[flag + 1:]])
+    # This file's directory must not shadow the program's imports; the runner sets a script's
+    # own directory, and Python puts the working directory first for -c, -m and -.
+    sys.path[0] = os.getcwd()
+    try:
+        run_command_line(program)
+    except SystemExit as e:
+        code = _exit_code(e.code)
+    except BaseException as e:  # noqa: BLE001 - print it as Python would, then leave with 1 (130 on ^C)
+        e = e.with_traceback(_user_frames(e.__traceback__))
+        sys.excepthook(type(e), e, e.__traceback__)
+        code = 130 if isinstance(e, KeyboardInterrupt) else 1
+    else:
+        code = 0
+    if code and int(os.environ.get("PMI_SIZE", "1")) > 1:
+        _leave_job(code, int(os.environ.get("PMI_RANK", "0")))
+    sys.exit(code)
+
+
+def _exit_code(code: object) -> int:
+    """The exit status of `SystemExit(code)`, printing a message code as Python does."""
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code
+    print(code, file=sys.stderr)
+    return 1
+
+
+def _user_frames(tb):
+    """`tb` without the guard's and runpy's frames above the program's first one."""
+    import runpy
+
+    from mpi4py import run as runner
+    ours = {os.path.abspath(__file__), runpy.__file__, runner.__file__, "<frozen runpy>"}
+    while tb is not None and tb.tb_next is not None and tb.tb_frame.f_code.co_filename in ours:
+        tb = tb.tb_next
+    return tb
+
+
+def _leave_job(code: int, rank: int) -> None:
+    """The failure path of `run_rank` in a job of several ranks (PMI_SIZE, set by hydra): end
+    the job with MPI_Abort(`code`) after the grace, never through MPI_Finalize.
+
+    Why not finalize and let hydra notice: MPI_Finalize waits for every rank, so a rank that
+    ends while the others wait for it in a collective hangs the job; and when a rank leaves
+    without finalizing (os._exit), hydra does stop the job, but with three ranks or more it
+    often reports a killed rank's 9 as the job's exit code. MPI_Abort's code is the job's, and
+    MPI_Abort must come before MPI_Finalize, so the grace is a wait, not a rendezvous."""
+    import atexit
+    import ctypes
+    import threading
+
+    import mpi4py
+    grace = float(os.environ.get(GRACE_ENV, DEFAULT_GRACE))
+    started = "mpi4py.MPI" in sys.modules and sys.modules["mpi4py.MPI"].Is_initialized()
+    if not started:
+        mpi4py.rc.initialize = False  # loaded only to reach libmpi; started through ctypes below
+    from mpi4py import MPI
+    if MPI.Is_finalized():
+        return  # the program finalized MPI itself: hydra sees an ordinary exit
+
+    def stop_job() -> None:
+        print(f"fastring-run: rank {rank} exited with code {code}; stopping the job", file=sys.stderr)
+        _flush_stdio()
+        if MPI.Is_initialized():
+            MPI.COMM_WORLD.Abort(code)
+        os._exit(code)  # MPI_Init never returned: the others never started MPI either
+
+    watchdog = threading.Timer(grace, stop_job)
+    watchdog.daemon = True
+    watchdog.start()
+    if not started:
+        # The others wait for this rank in MPI_Init, and hydra ignores a rank that never
+        # started MPI: start it (through ctypes, which releases the GIL for the watchdog,
+        # as mpi4py's MPI_Init would not), then stop the job at once.
+        ctypes.CDLL(MPI.__file__).MPI_Init(None, None)
+        stop_job()
+    # Meanwhile, the program's atexit handlers (fastring's shutdown among them, which other
+    # ranks' shutdown may wait for) run here, once, instead of at interpreter exit; then the
+    # rest of the grace lets ranks that are exiting too write their last output.
+    atexit._run_exitfuncs()
+    atexit._clear()
+    _flush_stdio()
+    watchdog.join()
+
+
+def _flush_stdio() -> None:
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError, AttributeError):
+            pass
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -90,4 +322,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    if sys.argv[1:2] == [RANK_FLAG]:
+        run_rank(sys.argv[2:])
+    else:
+        sys.exit(main())
