@@ -279,8 +279,12 @@ def _leave_job(code: int, rank: int) -> None:
     if MPI.Is_finalized():
         return  # the program finalized MPI itself: hydra sees an ordinary exit
 
+    # Said now, not when aborting: on MPI_Abort hydra stops forwarding the rank's output, and
+    # what it printed last (this line, MPICH's own "Abort(...)") was lost in one run of six.
+    print(f"fastring-run: rank {rank} exited with code {code}; stopping the job", file=sys.stderr)
+    _flush_stdio()
+
     def stop_job() -> None:
-        print(f"fastring-run: rank {rank} exited with code {code}; stopping the job", file=sys.stderr)
         _flush_stdio()
         if MPI.Is_initialized():
             MPI.COMM_WORLD.Abort(code)
