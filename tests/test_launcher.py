@@ -1,5 +1,5 @@
 """fastring-run: the issue's quick-start command, exit codes, flags and argument errors, what
-the job does when a rank fails or dies."""
+the job does when a rank fails or dies, and Ctrl-C."""
 import os
 import signal
 import subprocess
@@ -9,7 +9,7 @@ import time
 import pytest
 
 from fastring.tools import launcher
-from process_tools import marker, survivors
+from process_tools import kill_survivors, marker, survivors, wait_for_output
 
 RUN = os.path.join(os.path.dirname(sys.executable), "fastring-run")
 GUARD = os.path.abspath(launcher.__file__)
@@ -202,3 +202,88 @@ def test_ranks_failing_together_keep_all_their_output():
     for rank in (0, 1):
         assert f"rank {rank} line 19999" in proc.stdout
     assert "fastring-run: rank " in proc.stderr  # each rank stops the job; the first one does
+
+
+# ---------------------------------------------------------------------------- Ctrl-C
+
+# Rank 0 waits in a barrier that rank 1, asleep, never joins: neither would ever end.
+BLOCKED = """
+import sys, time
+from mpi4py import MPI
+print(f"rank {MPI.COMM_WORLD.rank} started", flush=True)
+if MPI.COMM_WORLD.rank == 0:
+    MPI.COMM_WORLD.Barrier()
+else:
+    time.sleep(3600)
+"""
+
+
+@pytest.mark.parametrize("sig, code, word, group", [
+    (signal.SIGINT, 130, "interrupted", False),
+    (signal.SIGINT, 130, "interrupted", True),  # as a terminal sends it, to the foreground group
+    (signal.SIGTERM, 143, "terminated", False),
+])
+def test_signal_stops_the_job(sig, code, word, group):
+    mark = marker()
+    proc = subprocess.Popen([RUN, "-np", "2", "python", "-c", BLOCKED, mark], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, start_new_session=True)
+    try:
+        wait_for_output(proc.stdout, ["rank 0 started", "rank 1 started"], JOB_TIMEOUT)
+        start = time.monotonic()
+        if group:
+            os.killpg(proc.pid, sig)
+        else:
+            proc.send_signal(sig)
+        assert proc.wait(timeout=10) == code
+        assert time.monotonic() - start < 2
+        # fastring-run's line alone: the ranks do not see the signal (no KeyboardInterrupt
+        # tracebacks), and neither does mpiexec (no hydra "Sending Ctrl-C" lines)
+        assert proc.stderr.read().decode() == f"fastring-run: {word}; stopped 2 ranks\n"
+        assert survivors(mark) == ""
+    finally:
+        proc.kill()
+        kill_survivors(mark)
+
+
+def test_killed_launcher_takes_its_job_along():
+    """SIGKILL cannot be handled: mpiexec learns of it from the kernel (parent-death signal)."""
+    mark = marker()
+    proc = subprocess.Popen([RUN, "-np", "2", "python", "-c", BLOCKED, mark], stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL)
+    try:
+        wait_for_output(proc.stdout, ["rank 0 started", "rank 1 started"], JOB_TIMEOUT)
+        proc.kill()
+        proc.wait()
+        deadline = time.monotonic() + 5
+        while survivors(mark) and time.monotonic() < deadline:  # no event to wait on: poll
+            time.sleep(0.05)
+        assert survivors(mark) == ""
+    finally:
+        kill_survivors(mark)
+
+
+# Ignores SIGTERM, as does the child it starts in a session of its own, then says so.
+STUBBORN = """
+import signal, subprocess, sys, time
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+if sys.argv[1] == "parent":
+    subprocess.Popen([sys.executable, "-c", sys.argv[2], "child", sys.argv[3]], start_new_session=True)
+else:
+    print("child ignores SIGTERM", flush=True)
+time.sleep(3600)
+"""
+
+
+def test_stop_job_kills_what_ignores_sigterm():
+    mark = marker()
+    proc = launcher.start_job([sys.executable, "-c", STUBBORN, "parent", STUBBORN, mark],
+                              stdout=subprocess.PIPE)
+    try:
+        wait_for_output(proc.stdout, ["child ignores SIGTERM"], JOB_TIMEOUT)
+        start = time.monotonic()
+        assert launcher.stop_job(proc, grace=0.2) == 0  # no hydra proxy here: no ranks
+        assert time.monotonic() - start < 2
+        assert proc.returncode == -signal.SIGKILL
+        assert survivors(mark) == ""
+    finally:
+        kill_survivors(mark)

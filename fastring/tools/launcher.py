@@ -12,6 +12,8 @@ Failure behaviour (the README's "Failure behaviour" section says the same for us
   file run as a script) that stops the job with MPI_Abort(code) `--exit-grace` seconds after
   the failure.
 * A rank killed by signal N ends the job with exit code N and hydra's "BAD TERMINATION" banner.
+* SIGINT (Ctrl-C) or SIGTERM to fastring-run stops every rank within a second and exits 130
+  (143 for SIGTERM).
 """
 from __future__ import annotations
 
@@ -19,13 +21,16 @@ import argparse
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
+import time
 
 # First argument of this file run as a script to become the guard of one rank (see run_rank).
 RANK_FLAG = "--as-rank"
 GRACE_ENV = "FASTRING_EXIT_GRACE"
 DEFAULT_GRACE = 2.0
+_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 _PYTHON_NAME = re.compile(r"python(\d+(\.\d+)*)?$")
 # One-letter interpreter options without an argument; -h -i -V -? run no program, so a command
 # using them is left as it is.
@@ -316,14 +321,160 @@ def _flush_stdio() -> None:
             pass
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Entry point of the console script; returns the job's exit code."""
-    cmd, env = build_command(sys.argv[1:] if argv is None else argv)
-    try:
-        return subprocess.call(cmd, env=env)
-    except KeyboardInterrupt:
-        return 130
+# ---------------------------------------------------------------------------- starting and stopping
 
+def start_job(cmd: list[str], **popen_kwargs) -> subprocess.Popen:
+    """Start an mpiexec command line in its own session, so that a Ctrl-C in the terminal
+    reaches only the caller, which decides how to stop the job (`stop_job`); and (on Linux)
+    so that mpiexec gets SIGTERM, and hydra stops the ranks, if the caller dies.
+
+    Example:
+        >>> p = start_job([mpiexec_path(), "-n", "1", "true"])
+        >>> p.wait()
+        0
+    """
+    def in_child() -> None:
+        # Popen copies the caller's signal mask: main blocks SIGINT/SIGTERM around the start.
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOP_SIGNALS)
+        if prctl is not None:
+            prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+    prctl = None
+    if sys.platform.startswith("linux"):
+        import ctypes
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    return subprocess.Popen(cmd, start_new_session=True, preexec_fn=in_child, **popen_kwargs)
+
+
+def stop_job(proc: subprocess.Popen, grace: float = 0.5) -> int:
+    """Stop the mpiexec `proc` and every process it started on this host; returns how many
+    ranks (children of a hydra proxy) were running. Hydra stops all ranks, remote ones too,
+    on SIGTERM; whatever is left here after `grace` seconds gets SIGKILL. Ranks sit in
+    sessions of their own (hydra's proxy calls setsid), so a process-group kill would miss them.
+
+    Example:
+        >>> p = start_job([mpiexec_path(), "-n", "2", "sleep", "60"])
+        >>> stop_job(p) in (0, 1, 2), p.poll() is not None   # 0-1 if asked while starting
+        (True, True)
+    """
+    if proc.poll() is not None:
+        return 0  # reaped: its pid may belong to another process by now; hydra cleaned up
+    # Unreaped, so the pid is still mpiexec's; its tree must be read before it exits, after
+    # which its orphans no longer descend from it.
+    tree = _descendants(proc.pid)
+    ranks = sum(1 for p in tree if p[2])
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(grace)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    if not _wait_gone(tree, grace):
+        for p in tree:
+            if _alive(p):
+                try:
+                    os.kill(p[0], signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+        _wait_gone(tree, grace)
+    return ranks
+
+
+def _wait_gone(processes: list[tuple[int, str, bool]], timeout: float) -> bool:
+    """Whether all `processes` ended within `timeout` seconds. They are not our children, so
+    there is nothing to wait on but /proc, polled every 10 ms up to the deadline."""
+    deadline = time.monotonic() + timeout
+    while any(_alive(p) for p in processes):
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.01)
+    return True
+
+
+def _stat(pid: int) -> list[str] | None:
+    """/proc/PID/stat's fields from the state on ([0] state, [1] ppid, [19] start time), or None."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            text = f.read()
+    except OSError:
+        return None
+    return text[text.rindex(")") + 2:].split()
+
+
+def _comm(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/comm") as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
+def _descendants(root: int) -> list[tuple[int, str, bool]]:
+    """(pid, start time, is a rank) of every process below `root`, from /proc (empty without it)."""
+    children: dict[int, list[tuple[int, str]]] = {}
+    for name in os.listdir("/proc") if os.path.isdir("/proc") else ():
+        if name.isdigit():
+            fields = _stat(int(name))
+            if fields is not None:
+                children.setdefault(int(fields[1]), []).append((int(name), fields[19]))
+    found, todo = [], [root]
+    while todo:
+        parent = todo.pop()
+        is_rank = _comm(parent) == "hydra_pmi_proxy"
+        for pid, start in children.get(parent, ()):
+            found.append((pid, start, is_rank))
+            todo.append(pid)
+    return found
+
+
+def _alive(process: tuple[int, str, bool]) -> bool:
+    """Whether this very process (same pid and start time) still runs; a zombie has ended."""
+    fields = _stat(process[0])
+    return fields is not None and fields[19] == process[1] and fields[0] != "Z"
+
+
+class _Stop(Exception):
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
+def _raise_stop(signum, frame):
+    raise _Stop(signum)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the console script; returns the job's exit code, 128 + N after signal N
+    (SIGINT, SIGTERM) stopped it.
+
+    Example:
+        >>> main(["-np", "2", "python", "-c", "import sys; sys.exit(3)"])
+        3
+    """
+    cmd, env = build_command(sys.argv[1:] if argv is None else argv)
+    # Blocked until the handlers are set, so a Ctrl-C while the job starts is handled like
+    # any other: it arrives at the unblocking below, inside the try.
+    signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
+    try:
+        proc = start_job(cmd, env=env)
+    except BaseException:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOP_SIGNALS)
+        raise
+    previous = {s: signal.signal(s, _raise_stop) for s in _STOP_SIGNALS}
+    try:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOP_SIGNALS)
+        return proc.wait()
+    except _Stop as stop:
+        for s in _STOP_SIGNALS:  # a second Ctrl-C must not cut the cleanup short
+            signal.signal(s, signal.SIG_IGN)
+        stopped = stop_job(proc)
+        what = "interrupted" if stop.signum == signal.SIGINT else "terminated"
+        print(f"fastring-run: {what}; stopped {stopped} ranks", file=sys.stderr, flush=True)
+        return 128 + stop.signum
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
 
 if __name__ == "__main__":
     if sys.argv[1:2] == [RANK_FLAG]:
