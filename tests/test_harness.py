@@ -1,5 +1,5 @@
-"""The test harness itself: a hung job is stopped with all its ranks, and a failing rank ends
-its job quickly."""
+"""The test harness itself: a hung job is stopped with all its ranks, a failing rank ends its
+job quickly, and a worker reports every failed check, not only the first."""
 import pytest
 
 import conftest
@@ -26,6 +26,21 @@ def test_hung_job_is_stopped_with_all_its_ranks():
         assert survivors(mark) == ""
     finally:
         kill_survivors(mark)
+
+
+def test_every_failed_check_is_reported():
+    proc = conftest.run_ranks(2, "harness", "checks", marker(), expect_rc=1, timeout=60)
+    out = proc.stdout
+    assert "[rank 1/2] FAIL first sum: 3 wrong elements" in out
+    assert "[rank 1/2] FAIL second sum: error 1.0 > bound" in out
+    assert "[rank 1/2] 2 failed checks:\n  first sum" in out
+    assert "FAILED harness checks on 2 ranks: failed checks per rank [0, 2]" in out
+    assert "[rank 0/2] FAIL" not in out and "OK" not in out
+
+
+def test_failures_not_reported_by_done_still_fail_the_job():
+    proc = conftest.run_ranks(2, "harness", "unreported", marker(), expect_rc=1, timeout=60)
+    assert "[rank 1/2] 1 failed check:\n  never reported: 2 wrong elements" in proc.stdout
 
 
 def test_failed_assert_ends_the_job_without_waiting_for_the_timeout():

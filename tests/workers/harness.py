@@ -4,10 +4,14 @@ hang:       every rank prints 'ready', then rank 0 waits in a barrier that rank 
             rank 1 ignores SIGTERM and SIGINT, and first starts a process in a session of its
             own that ignores them too and holds the output pipes, as a data-loading worker
             might: hydra stops the ranks, but not that one.
+checks:     rank 1 fails two check_close calls and rank 0 none; done() must report both.
+unreported: rank 1 records a failed check and the worker ends without done().
 assert:     rank 1 fails a plain assert while rank 0 waits in a barrier."""
 import signal
 import subprocess
 import sys
+
+import numpy as np
 
 import _common as c
 
@@ -23,6 +27,14 @@ if mode == "hang":
             signal.signal(s, signal.SIG_IGN)
         print(f"rank {c.RANK} ready", flush=True)
         signal.pause()
+elif mode == "checks":
+    wrong = c.RANK  # rank 1 gets every element wrong by one
+    c.check_close("first sum", np.full(3, 2 + wrong), np.full(3, 2), 0)
+    c.check_close("second sum", np.full(2, 0.5 + wrong), np.full(2, 0.5), 1e-6)
+    c.done("harness checks")
+elif mode == "unreported":
+    c.check_close("never reported", np.arange(2) + c.RANK, np.arange(2), 0)
+    c.COMM.Barrier()
 elif mode == "assert":
     print(f"rank {c.RANK} ready", flush=True)
     if c.RANK == 1:
