@@ -1,5 +1,12 @@
 """Multi-rank test harness: `mpirun(n, worker, *args)` runs tests/workers/<worker>.py on n
-ranks through the mpiexec installed beside this Python and fails with every rank's output."""
+ranks through the mpiexec installed beside this Python and fails with every rank's output.
+
+Time is bounded twice: a job that outlives its `timeout` (RANKS_TIMEOUT by default) is
+stopped, every rank with it, and fails its test with the output so far; pytest-timeout (the
+`timeout` ini option, longer than RANKS_TIMEOUT) fails any test, single-process ones included,
+that hangs longer still. Workers run under fastring-run's rank guard, so a rank that fails
+(exit code, uncaught exception) ends its job in seconds instead of leaving the other ranks
+waiting for it until the timeout."""
 from __future__ import annotations
 
 import os
@@ -9,24 +16,59 @@ from pathlib import Path
 
 import pytest
 
+from fastring.tools import launcher
+
 WORKERS = Path(__file__).parent / "workers"
 MPIEXEC = os.path.join(os.path.dirname(sys.executable), "mpiexec")
+# Longest legitimate job: about 20 s (--durations on a shared 2-core machine); well under the
+# pytest-timeout in pyproject.toml, so that a hung job fails here, with its output.
+RANKS_TIMEOUT = 120.0
+# After a job is stopped: how long to wait for the rest of its output.
+_DRAIN_TIMEOUT = 10.0
 
 
-def run_ranks(n: int, worker: str, *args: str, env: dict | None = None, timeout: float = 600,
+def run_ranks(n: int, worker: str, *args: str, env: dict | None = None, timeout: float = RANKS_TIMEOUT,
               expect_rc: int | None = 0) -> subprocess.CompletedProcess:
-    cmd = [MPIEXEC, "-n", str(n), sys.executable, str(WORKERS / f"{worker}.py"), *map(str, args)]
+    """Run tests/workers/`worker`.py with `args` on `n` ranks; fail the test, with every
+    rank's output, if it exits other than `expect_rc` (None: any code) or outlives `timeout`
+    seconds, in which case all its ranks are stopped first.
+
+    Example:
+        def test_allreduce(mpirun):
+            proc = mpirun(2, "allreduce", "numpy", "auto")
+            assert "OK" in proc.stdout
+    """
+    program = [sys.executable, str(WORKERS / f"{worker}.py"), *map(str, args)]
+    cmd = [MPIEXEC, "-n", str(n), *launcher.guard_command(program)]
     full_env = dict(os.environ, PYTHONUNBUFFERED="1", **(env or {}))
+    proc = launcher.start_job(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=full_env)
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=full_env)
-    except subprocess.TimeoutExpired as e:
-        out = (e.stdout or b"").decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
-        err = (e.stderr or b"").decode() if isinstance(e.stderr, bytes) else (e.stderr or "")
-        pytest.fail(f"{worker} on {n} ranks timed out after {timeout}s\n--- stdout\n{out}\n--- stderr\n{err}")
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        stopped = launcher.stop_job(proc)
+        out, err = _rest_of_output(proc)
+        pytest.fail(f"{worker} {' '.join(map(str, args))} on {n} ranks timed out after {timeout}s; "
+                    f"stopped {stopped} ranks\n--- stdout\n{out}\n--- stderr\n{err}")
+    except BaseException:  # pytest-timeout's failure, KeyboardInterrupt: leave no rank behind
+        launcher.stop_job(proc)
+        raise
     if expect_rc is not None and proc.returncode != expect_rc:
         pytest.fail(f"{worker} {' '.join(map(str, args))} on {n} ranks exited {proc.returncode} "
-                    f"(expected {expect_rc})\n--- stdout\n{proc.stdout}\n--- stderr\n{proc.stderr}")
-    return proc
+                    f"(expected {expect_rc})\n--- stdout\n{out}\n--- stderr\n{err}")
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
+def _rest_of_output(proc: subprocess.Popen) -> tuple[str, str]:
+    """All of a stopped job's output (communicate keeps what it read before the timeout); what
+    was read so far if a process outside the job still holds the pipes open."""
+    try:
+        return proc.communicate(timeout=_DRAIN_TIMEOUT)
+    except subprocess.TimeoutExpired as e:
+        return _text(e.stdout), _text(e.stderr)
+
+
+def _text(data: str | bytes | None) -> str:
+    return data.decode(errors="replace") if isinstance(data, bytes) else data or ""
 
 
 @pytest.fixture

@@ -1,7 +1,9 @@
 """Helpers shared by the multi-rank workers: deterministic inputs, NumPy references, tolerances,
-and the cross-rank identity check (done through mpi4py, independently of fastring)."""
+the cross-rank identity check (done through mpi4py, independently of fastring), and CHECKS,
+which collects failed checks so that a worker reports all of them, not only the first."""
 from __future__ import annotations
 
+import atexit
 import hashlib
 import os
 import sys
@@ -112,38 +114,122 @@ def exact_int_mean(stack: np.ndarray) -> np.ndarray:
                     dtype=object).reshape(np.shape(totals))
 
 
-def check_close(name: str, got: np.ndarray, expected, bound) -> None:
+class Checks:
+    """The failed checks of one process, kept so that a worker reports every failure instead of
+    stopping at the first. Each failure is printed when it happens (a later hang still shows
+    it); `finish` prints them all again and exits 1 if there was any. A process that records
+    failures and never reaches `finish` (nor `report`) prints them and exits 1 at exit.
+
+    Example:
+        >>> checks = Checks("[rank 0/2] ")
+        >>> checks.check(1 + 1 == 2, "sum")
+        True
+        >>> checks.check(2 * 2 == 5, "product is 5")
+        [rank 0/2] FAIL product is 5
+        False
+        >>> checks.fail("bytes differ")
+        [rank 0/2] FAIL bytes differ
+        >>> print(checks.report())
+        [rank 0/2] 2 failed checks:
+          product is 5
+          bytes differ
+        >>> checks.finish()
+        Traceback (most recent call last):
+        SystemExit: 1
+    """
+
+    def __init__(self, label: str = ""):
+        self.label = label
+        self.failures: list[str] = []
+        self._reported = 0  # how many failures a report has listed
+        atexit.register(self._at_exit)
+
+    def fail(self, message: str) -> None:
+        """Record a failed check and print it."""
+        self.failures.append(message)
+        print(f"{self.label}FAIL {message}", flush=True)
+
+    def check(self, ok, message: str) -> bool:
+        """Record `message` as failed unless `ok`; returns whether it passed."""
+        if not ok:
+            self.fail(message)
+        return bool(ok)
+
+    def report(self) -> str:
+        """Every failure so far, one per line under a count (empty if none)."""
+        self._reported = len(self.failures)
+        if not self.failures:
+            return ""
+        lines = "".join(f"\n  {m}" for m in self.failures)
+        return f"{self.label}{len(self.failures)} failed check{'s' * (len(self.failures) != 1)}:{lines}"
+
+    def finish(self) -> None:
+        """Exit 1, listing every failure, if there was any; otherwise return."""
+        if self.failures:
+            print(self.report(), flush=True)
+            sys.exit(1)
+
+    def _at_exit(self) -> None:
+        if len(self.failures) > self._reported:
+            print(self.report(), flush=True)
+            sys.stdout.flush()
+            os._exit(1)  # atexit cannot change the exit code any other way
+
+
+CHECKS = Checks(f"[rank {RANK}/{SIZE}] ")
+
+
+def check_close(name: str, got: np.ndarray, expected, bound) -> bool:
+    """Record a failure in CHECKS unless `got` equals `expected` (integers, bool, `bound` 0) or
+    lies within `bound` of it elementwise; returns whether it passed.
+
+    Example:
+        >>> check_close("sum", np.array([3.0]), np.array([3.0 + 1e-9]), 1e-6)
+        True
+    """
     if got.dtype.kind in "iub" or np.isscalar(bound) and bound == 0:
         if not np.array_equal(np.asarray(got), np.asarray(expected).astype(got.dtype)):
             bad = np.flatnonzero(np.asarray(got).reshape(-1) != np.asarray(expected).astype(got.dtype).reshape(-1))
-            fail(f"{name}: {bad.size} wrong elements, first at {bad[:5]}: got "
-                 f"{np.asarray(got).reshape(-1)[bad[:5]]}, expected {np.asarray(expected).reshape(-1)[bad[:5]]}")
-        return
+            CHECKS.fail(f"{name}: {bad.size} wrong elements, first at {bad[:5]}: got "
+                        f"{np.asarray(got).reshape(-1)[bad[:5]]}, expected {np.asarray(expected).reshape(-1)[bad[:5]]}")
+            return False
+        return True
     err = np.abs(got.astype(np.float64) - expected)
     if not np.all(err <= bound):
         i = int(np.argmax(err - bound))
-        fail(f"{name}: error {err.reshape(-1)[i]} > bound {np.broadcast_to(bound, err.shape).reshape(-1)[i]} "
-             f"at {i}: got {got.reshape(-1)[i]}, expected {expected.reshape(-1)[i]}")
+        CHECKS.fail(f"{name}: error {err.reshape(-1)[i]} > bound {np.broadcast_to(bound, err.shape).reshape(-1)[i]} "
+                    f"at {i}: got {got.reshape(-1)[i]}, expected {expected.reshape(-1)[i]}")
+        return False
+    return True
 
 
-def check_identical(name: str, got: np.ndarray) -> None:
-    """Every rank holds the same bytes."""
+def check_identical(name: str, got: np.ndarray) -> bool:
+    """Every rank holds the same bytes (collective: every rank must call it); a difference is
+    recorded in CHECKS on every rank. Returns whether they agree."""
     digest = hashlib.sha256(np.ascontiguousarray(got).tobytes()).hexdigest()
     digests = COMM.allgather(digest)
-    if len(set(digests)) != 1:
-        fail(f"{name}: results differ across ranks: {digests}")
+    return CHECKS.check(len(set(digests)) == 1, f"{name}: results differ across ranks: {digests}")
 
 
 def fail(message: str) -> None:
-    print(f"[rank {RANK}/{SIZE}] FAIL {message}", flush=True)
-    sys.stdout.flush()
+    """A failure after which this rank cannot go on: print it and every failure recorded so
+    far, and abort the job."""
+    CHECKS.fail(message)
+    print(CHECKS.report(), flush=True)
     COMM.Abort(1)
 
 
 def done(what: str) -> None:
-    COMM.Barrier()
+    """End of a worker (collective): exits 1 on every rank that recorded a failed check, each
+    listing its failures, with rank 0 naming how many each rank had; otherwise rank 0 prints
+    `OK <what> on <size> ranks`."""
+    counts = COMM.allgather(len(CHECKS.failures))
     if RANK == 0:
-        print(f"OK {what} on {SIZE} ranks", flush=True)
+        if any(counts):
+            print(f"FAILED {what} on {SIZE} ranks: failed checks per rank {counts}", flush=True)
+        else:
+            print(f"OK {what} on {SIZE} ranks", flush=True)
+    CHECKS.finish()
 
 
 def pid_of_no_process() -> int:
