@@ -37,3 +37,7 @@ def test_array_helpers():
     a.flags.writeable = False
     assert not is_writable_c_contiguous(a)
 
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_same_bits_on_every_rank(mpirun, n):
+    mpirun(n, "bitwise", "auto", "recursive_doubling")

@@ -135,19 +135,21 @@ cdef int _cycle_swap(void* ctx, char* block, char* into, int peer) except -1 nog
 
 cdef void _cycle_combine(void* ctx, char* first, char* second) noexcept nogil:
     cdef _Cycle* cyc = <_Cycle*> ctx
-    cdef uint64_t* mine = <uint64_t*> first
-    cdef uint64_t* theirs = <uint64_t*> second
+    cdef uint64_t* into = <uint64_t*> first
+    cdef uint64_t* other = <uint64_t*> second
     cdef int64_t i
-    mine[FLAGS] |= theirs[FLAGS]
+    into[FLAGS] |= other[FLAGS]
     for i in range(HEADER_WORDS, HEADER_WORDS + cyc.vector_words):
-        mine[i] &= theirs[i]
+        into[i] &= other[i]
     for i in range(HEADER_WORDS + cyc.vector_words, cyc.words):
-        mine[i] |= theirs[i]
-    if mine[HASH] != theirs[HASH] or mine[PAYLOAD_BYTES] != theirs[PAYLOAD_BYTES]:
-        mine[HASH] = _FAILED
-    elif _has_payload(mine) and mine[PAYLOAD_BYTES] > 0:
+        into[i] |= other[i]
+    if into[HASH] != other[HASH] or into[PAYLOAD_BYTES] != other[PAYLOAD_BYTES]:
+        into[HASH] = _FAILED
+    elif _has_payload(into) and into[PAYLOAD_BYTES] > 0:
+        # `first` is the lower rank's block (see doubling.pyx), so both partners reduce the
+        # payloads in the same order and get the same bits
         cyc.reduce(first + cyc.words * 8, second + cyc.words * 8,
-                   <int64_t> mine[PAYLOAD_BYTES] // cyc.itemsize)
+                   <int64_t> into[PAYLOAD_BYTES] // cyc.itemsize)
 
 
 cdef void _cycle_copy(void* ctx, char* dst, char* src) noexcept nogil:

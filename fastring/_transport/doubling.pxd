@@ -17,7 +17,7 @@ cdef struct Exchange:
     int (*recv)(void* ctx, char* into, int peer) except -1 nogil
     # send `buf` to rank `peer` while receiving its buffer into `into`
     int (*swap)(void* ctx, char* buf, char* into, int peer) except -1 nogil
-    # first = first op second
+    # first = first op second, where `first` holds the lower rank's operand
     void (*combine)(void* ctx, char* first, char* second) noexcept nogil
     # copy a finished result from `src` to `dst`
     void (*copy)(void* ctx, char* dst, char* src) noexcept nogil

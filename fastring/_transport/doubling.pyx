@@ -3,8 +3,9 @@
 between partners doubling each round, so every rank holds the reduction after log2(N)
 exchanges.
 
-Every op here is commutative and IEEE addition is too, so both partners compute
-bitwise-identical results whatever the order of operands.
+Every combine takes its operands in rank order, the lower rank's first, so the two partners
+compute the same bits even where an op is not bitwise commutative (Min/Max of -0.0 and +0.0,
+the payload of a NaN), and so every rank ends with the same bytes.
 """
 
 from libc.stdint cimport int64_t
@@ -19,6 +20,8 @@ cdef int doubling_allreduce(Exchange* x, int rank, int size, char* buf,
                             char* tmp) except -1 nogil:
     """Allreduce `buf` over the ranks with `x`'s calls; `tmp` holds as much as `buf` and is
     clobbered."""
+    # The result may end in either buffer: combining in rank order means the higher rank of a
+    # pair reduces into the buffer it received, which then becomes its current one.
     cdef char* cur = buf
     cdef char* spare = tmp
     cdef int pof2 = 1
@@ -34,7 +37,8 @@ cdef int doubling_allreduce(Exchange* x, int rank, int size, char* buf,
             newrank = -1
         else:
             x.recv(x.ctx, spare, rank - 1)
-            x.combine(x.ctx, cur, spare)
+            x.combine(x.ctx, spare, cur)
+            cur, spare = spare, cur
             newrank = rank // 2
     else:
         newrank = rank - rem
@@ -44,7 +48,11 @@ cdef int doubling_allreduce(Exchange* x, int rank, int size, char* buf,
             partner_new = newrank ^ mask
             partner = partner_new * 2 + 1 if partner_new < rem else partner_new + rem
             x.swap(x.ctx, cur, spare, partner)
-            x.combine(x.ctx, cur, spare)
+            if partner < rank:
+                x.combine(x.ctx, spare, cur)
+                cur, spare = spare, cur
+            else:
+                x.combine(x.ctx, cur, spare)
             mask <<= 1
     if rank < 2 * rem:
         if rank % 2 == 0:
