@@ -1,10 +1,12 @@
-"""Build the Cython transport against the MPI of the `mpich` wheel.
+"""Build the Cython transport package (one extension per fastring/_transport/*.pyx) against
+the MPI of the `mpich` wheel.
 
 mpi.h and libmpi are found through the installed `mpich` distribution's own file list, so
 no compiler wrapper (mpicc), system MPI or flag is needed. libmpi is linked without an rpath:
 the build environment is temporary, and at run time `import mpi4py.MPI` (done first by
 fastring/__init__.py) has already loaded the same libmpi.so.12.
 """
+import glob
 import importlib.metadata
 import os
 
@@ -27,12 +29,13 @@ def mpich_paths():
 include_dir, lib_dir = mpich_paths()
 extensions = [
     Extension(
-        "fastring._transport",
-        ["fastring/_transport.pyx"],
+        "fastring._transport." + os.path.splitext(os.path.basename(source))[0],
+        [source],
         include_dirs=[include_dir, mpi4py.get_include(), numpy.get_include()],
         library_dirs=[lib_dir],
         libraries=["mpi"],
         extra_compile_args=["-O2"],
     )
+    for source in sorted(glob.glob("fastring/_transport/*.pyx"))
 ]
 setup(ext_modules=cythonize(extensions, compiler_directives={"language_level": 3}))

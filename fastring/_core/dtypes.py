@@ -6,7 +6,8 @@ from dataclasses import dataclass
 import ml_dtypes
 import numpy as np
 
-# Codes understood by fastring/_transport.pyx (_datatype); None: MPI has no such type.
+# Codes understood by the transport's datatype table (fastring/_transport/mpi.pyx); None: MPI
+# has no such type.
 _MPI_CODES = {"uint8": 0, "int8": 1, "int32": 2, "int64": 3, "float32": 4, "float64": 5, "bool": 6}
 
 

@@ -29,7 +29,8 @@ OP_NAMES = {op: op.name for op in ReduceOp}
 # What each ReduceOp reduces with in the kernels (Average is a Sum, divided afterwards).
 KERNEL_OP = {ReduceOp.Average: KernelOp.SUM, ReduceOp.Sum: KernelOp.SUM, ReduceOp.Min: KernelOp.MIN,
              ReduceOp.Max: KernelOp.MAX, ReduceOp.Product: KernelOp.PRODUCT}
-# ReduceOp -> code of _transport._op (SUM, MIN, MAX, PROD, LOR, LAND); bool uses the logical ones.
+# ReduceOp -> code of the transport's op table (fastring/_transport/mpi.pyx: SUM, MIN, MAX, PROD,
+# LOR, LAND); bool uses the logical ones.
 MPI_OP = {ReduceOp.Average: 0, ReduceOp.Sum: 0, ReduceOp.Min: 1, ReduceOp.Max: 2, ReduceOp.Product: 3}
 MPI_BOOL_OP = {ReduceOp.Sum: 4, ReduceOp.Max: 4, ReduceOp.Min: 5, ReduceOp.Product: 5}
 

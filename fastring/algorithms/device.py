@@ -27,10 +27,10 @@ from .._core.device import (U16, U8, DeviceState, cuda_aware_mpi, current_device
 from .._core.dtypes import BFLOAT16, DtypeSpec
 from .._core.ops import KERNEL_OP, ReduceOp
 from .._core.work import AllreduceWork, Entry, predivides
-from .._transport import array_address
+from .._transport import Tag, array_address
 from .base import Message, Phase, chunk_offsets
 
-_RS_TAG, _AG_TAG = 6, 7  # MPI tags of the device ring (the host algorithms use 1-5)
+_RS_TAG, _AG_TAG = Tag.DEVICE_REDUCE_SCATTER, Tag.DEVICE_ALLGATHER
 
 # ================================================================ reduction
 

@@ -26,19 +26,18 @@ from .. import kernels
 from .._core.errors import FastringError
 from .._core.config import SMALL_MESSAGE_BYTES
 from .._core.ops import KERNEL_OP, ReduceOp
-from .._transport import SPECULATION_FAILED, array_address
+from .._transport import CYCLE_HEADER_WORDS as HEADER_WORDS
+from .._transport import SPECULATION_FAILED, Tag, array_address
 
 HAS_UNCACHED = 1  # some rank has a request the cache does not know (or knows differently)
 WANT_REPORT = 2   # some rank has waited past FASTRING_STALL_CHECK_TIME: gather everything
 LEAVING = 4       # some rank is shutting down: nothing pending anywhere can complete
 LEFT_RANK_SHIFT = 8  # bit LEFT_RANK_SHIFT + r: rank r is shutting down (ranks below 56)
 CACHE_CAPACITY = 1 << 14
-HEADER_WORDS = 3
 # Byte offset of the speculative payload in a cycle block with w bit-vector words.
 PAYLOAD_OFFSET = [8 * (HEADER_WORDS + 2 * w) for w in range(CACHE_CAPACITY // 64 + 1)]
-NO_PAYLOAD = (0, 1)
-# MPI tag of the notice a rank sends every other rank when it abandons its cycles.
-ABANDON_TAG = 30  # (reduction cfunc, item size) of a cycle that carries no payload
+NO_PAYLOAD = (0, 1)  # (reduction cfunc, item size) of a cycle that carries no payload
+ABANDON_TAG = int(Tag.ABANDON_NOTICE)
 
 
 def describe_mismatch(name: str, by_rank: dict[int, tuple]) -> str:

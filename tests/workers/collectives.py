@@ -15,6 +15,7 @@ import numpy as np
 import _common as c
 import fastring
 from fastring._core.runtime import runtime
+from fastring._transport.testing import set_pid
 
 framework = sys.argv[1]
 N, R = c.SIZE, c.RANK
@@ -106,7 +107,7 @@ if transport.enable_single_copy():
     catcher.emit = failures.append
     logging.getLogger("fastring").addHandler(catcher)
     if R == N - 1:
-        transport._set_pid(0, c.pid_of_no_process())
+        set_pid(transport, 0, c.pid_of_no_process())
     inputs = [c.rank_input(np.dtype(np.float32), 300_003, r, 24) for r in range(N)]
     exact("broadcast after a failed copy", fastring.broadcast(to_fw(inputs[R]), 0), inputs[0],
           np.dtype(np.float32))

@@ -9,8 +9,9 @@ import numpy as np
 from mpi4py import MPI
 
 import _common as c
-from fastring._transport import (Requests, Transport, array_address, chain_broadcast,
+from fastring._transport import (Requests, Tag, Transport, array_address, chain_broadcast,
                                  single_copy_broadcast, tree_broadcast)
+from fastring._transport.testing import irecv, isend, recv, send, set_pid
 
 t = Transport(MPI.COMM_WORLD)
 R, N = t.rank, t.size
@@ -21,11 +22,11 @@ out = np.full(1000, R, np.int32)
 got = np.empty(1000, np.int32)
 if N > 1:
     if R % 2 == 0:
-        t.send(array_address(out), out.nbytes, right, 11)
-        t.recv(array_address(got), got.nbytes, left, 11)
+        send(t, array_address(out), out.nbytes, right)
+        recv(t, array_address(got), got.nbytes, left)
     else:
-        t.recv(array_address(got), got.nbytes, left, 11)
-        t.send(array_address(out), out.nbytes, right, 11)
+        recv(t, array_address(got), got.nbytes, left)
+        send(t, array_address(out), out.nbytes, right)
     c.check_close("send/recv", got, np.full(1000, left), 0)
 
 # isend/irecv into a request set, completed together; testall then reports completion
@@ -33,9 +34,9 @@ reqs = Requests()
 bufs = [np.empty(10, np.float64) for _ in range(N)]
 payload = np.arange(10, dtype=np.float64) + 100 * R
 for peer in range(N):
-    t.irecv(reqs, array_address(bufs[peer]), bufs[peer].nbytes, peer, 12)
+    irecv(t, reqs, array_address(bufs[peer]), bufs[peer].nbytes, peer)
 for peer in range(N):
-    t.isend(reqs, array_address(payload), payload.nbytes, peer, 12)
+    isend(t, reqs, array_address(payload), payload.nbytes, peer)
 if len(reqs) != 2 * N:
     c.fail(f"request set holds {len(reqs)} requests, expected {2 * N}")
 reqs.waitall()
@@ -46,7 +47,7 @@ if len(reqs) != 0 or not reqs.testall():
 
 # sendrecv around the ring
 got = np.empty(1000, np.int32)
-t.sendrecv(array_address(out), out.nbytes, right, array_address(got), got.nbytes, left, 13)
+t.sendrecv(array_address(out), out.nbytes, right, array_address(got), got.nbytes, left, Tag.TESTING)
 c.check_close("sendrecv", got, np.full(1000, left), 0)
 
 # the three broadcasts, from every root, at sizes that split unevenly (odd byte counts, a
@@ -86,7 +87,7 @@ if N > 1:
     # A copy that fails (here: the root's process id made wrong on one reader) is reported to
     # every rank, the bytes arrive anyway by messages, and single copy goes off everywhere.
     if R == N - 1:
-        t._set_pid(0, c.pid_of_no_process())
+        set_pid(t, 0, c.pid_of_no_process())
     expected = np.arange(100_000, dtype=np.uint8)
     buf = expected.copy() if R == 0 else np.zeros_like(expected)
     failed = single_copy_broadcast(t, array_address(buf), buf.nbytes, 0)
@@ -107,13 +108,13 @@ if N > 1:
 
 if len(sys.argv) > 1 and sys.argv[1] == "big" and N > 1:
     nbytes = 2**31 + 4096  # past INT_MAX bytes
-    send = np.empty(nbytes, np.uint8)
-    send[:4096] = R + 1
-    send[-4096:] = R + 7
-    recv = np.zeros(nbytes, np.uint8)
-    t.sendrecv(array_address(send), nbytes, right, array_address(recv), nbytes, left, 14)
-    del send
-    if not (np.all(recv[:4096] == left + 1) and np.all(recv[-4096:] == left + 7)):
-        c.fail(f"2 GiB+ message arrived wrong: head {recv[:4]}, tail {recv[-4:]}")
+    send_buf = np.empty(nbytes, np.uint8)
+    send_buf[:4096] = R + 1
+    send_buf[-4096:] = R + 7
+    recv_buf = np.zeros(nbytes, np.uint8)
+    t.sendrecv(array_address(send_buf), nbytes, right, array_address(recv_buf), nbytes, left, Tag.TESTING)
+    del send_buf
+    if not (np.all(recv_buf[:4096] == left + 1) and np.all(recv_buf[-4096:] == left + 7)):
+        c.fail(f"2 GiB+ message arrived wrong: head {recv_buf[:4]}, tail {recv_buf[-4:]}")
 t.free()
 c.done("transport")

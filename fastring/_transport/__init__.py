@@ -1,0 +1,25 @@
+"""The native seam: MPI point-to-point calls and whole collectives on raw addresses, run in C
+with the GIL released. Layers, each a Cython module that cimports only those listed before it:
+
+- `tags`: `Tag`, the MPI tag of every message fastring sends.
+- `mpi`: the error check, dtype/op codes, exchange helpers and `TransportBase`, the
+  communicator and the state the algorithms keep with it.
+- `ring`, `doubling`, `cycle`, `broadcast`, `alltoall`: the algorithms, one module each.
+- `transport`: `Transport`, whose methods are the allreduce and negotiation calls.
+- `arrays`: NumPy arrays as raw addresses.
+- `testing`: calls only the tests make (not re-exported here, except `Requests`).
+"""
+from .._core.errors import FastringError
+from .alltoall import pairwise_alltoall
+from .arrays import array_address, copy_from_array, copy_to_array, is_c_contiguous, is_writable_c_contiguous
+from .broadcast import chain_broadcast, single_copy_broadcast, tree_broadcast
+from .cycle import CYCLE_HEADER_WORDS, SPECULATION_FAILED
+from .ring import ring_reduce_scatter_into, ring_reduce_scatter_to
+from .tags import Tag
+from .testing import Requests
+from .transport import Transport
+
+__all__ = ["CYCLE_HEADER_WORDS", "SPECULATION_FAILED", "FastringError", "Requests", "Tag", "Transport", "array_address",
+           "chain_broadcast", "copy_from_array", "copy_to_array", "is_c_contiguous",
+           "is_writable_c_contiguous", "pairwise_alltoall", "ring_reduce_scatter_into",
+           "ring_reduce_scatter_to", "single_copy_broadcast", "tree_broadcast"]

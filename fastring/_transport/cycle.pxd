@@ -1,0 +1,19 @@
+# The engine's negotiation cycle: one small allreduce of a header, bit vectors and an optional
+# speculative payload, on the recursive-doubling schedule.
+
+from libc.stdint cimport int64_t, uintptr_t
+
+from .mpi cimport TransportBase
+
+
+# The header of a cycle block, in uint64 words; Python sees HEADER_WORDS as CYCLE_HEADER_WORDS.
+cdef enum:
+    FLAGS          # combined with OR
+    HASH           # the speculative request's hash: kept where every rank agrees
+    PAYLOAD_BYTES  # the speculative payload's byte count: must agree too
+    HEADER_WORDS
+
+
+cdef tuple exchange(TransportBase t, uintptr_t block, int64_t vector_words, int64_t capacity,
+                    uintptr_t tmp, uintptr_t reduce_fn, int64_t itemsize, double stall_seconds,
+                    object on_stall, int tag)
