@@ -731,6 +731,8 @@ def resources() -> dict:
     diag = {"pool_buffers": _pool.POOL.kept()[0], "pool_mib": round(_pool.POOL.kept()[1] / 2**20, 1),
             "compiled_cfuncs": len(_cfuncs._COMPILED),
             "scratch_mib": round(_runtime.runtime()._scratch.nbytes / 2**20, 1)}
+    neg = _runtime.runtime().engine._neg  # negotiation caches: bounded at CACHE_CAPACITY each
+    diag.update(cached_names=len(neg.cache), field_digests=len(neg._field_digests), named_hashes=len(neg._hashes))
     if _mallinfo2 is not None:
         m = _mallinfo2()
         diag.update(malloc_in_use_mib=round((m.uordblks + m.hblkhd) / 2**20, 1),
