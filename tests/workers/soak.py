@@ -6,7 +6,8 @@ of operations (kind, dtype, shape, op, root, splits, name, sync or async, ...); 
 input is a function of (seed, op index, rank) alone, so every rank rebuilds every other rank's
 input and computes the exact expected result with NumPy. Covered: allreduce (Sum, Average, Min,
 Max, Product on the nine dtypes where the op is defined; new result, out= a separate array,
-out= the input; prescale/postscale on floats; Compression.fp16/bf16), grouped_allreduce,
+out= the input; prescale/postscale on floats; Compression.fp16/bf16; a tenth of tensors not
+contiguous, as for allgather and broadcast), grouped_allreduce,
 allgather (dimension 0 uneven, sometimes 0 rows), broadcast (root varies, out= sometimes),
 alltoall (splits as a list or an int32 array, or none), reducescatter, barrier,
 broadcast_object and allgather_object; synchronously, or as bursts of 1-8 asynchronous calls
@@ -39,6 +40,7 @@ rounding and scaling by the powers of two used as scale factors is exact.
 
 usage: soak.py OPS [--seed S] [--warmup W] [--deadline SECONDS] [--corrupt I,J,...]
                [--corrupt-digest I] [--sabotage rss,fd,thread] [--json PATH] [--trace-rss MIB]
+               [--echo]
 --corrupt and --corrupt-digest falsify the expected value / rank N-1's digest of those ops,
 --sabotage leaks memory (0.5 MiB per op), a file and/or a thread after the warm-up: each must
 make the soak fail, which tests/test_soak.py checks. Exit status 0 only when nothing was wrong and the resource
@@ -56,6 +58,7 @@ import json
 import os
 import threading
 import time
+import traceback
 
 import numpy as np
 
@@ -68,6 +71,7 @@ from fastring._core import runtime as _runtime  # diagnostics only: the scratch 
 from fastring.kernels import cfuncs as _cfuncs  # diagnostics only: kernels compiled
 
 N, R, COMM = c.SIZE, c.RANK, c.COMM
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(fastring.__file__)))  # for short paths
 MAX_BYTES = 4 << 20
 # An input is a slice of a fixed pool at an offset drawn from (seed, op, rank): much faster
 # than drawing megabytes per op, and still a function of (seed, op, rank) alone.
@@ -105,6 +109,7 @@ def parse_args():
     p.add_argument("--corrupt-digest", type=int, default=-1, help="op whose digest rank N-1 falsifies")
     p.add_argument("--sabotage", default="", help="comma-separated: rss, fd, thread")
     p.add_argument("--json", default=None, help="rank 0 writes the result here too")
+    p.add_argument("--echo", action="store_true", help="print each wrong result as it is found")
     p.add_argument("--trace-rss", type=float, default=0.0,
                    help="print the ops after which the RSS rose by more than this many MiB")
     a = p.parse_args()
@@ -218,17 +223,25 @@ class Tally:
 
     def wrong(self, i: int, what: str, message: str) -> None:
         self.count += 1
+        if ARGS.echo:  # as it happens, for a run that may not reach its end (a hang)
+            print(f"[soak rank {R}] WRONG op #{i} {what}: {message}", flush=True)
         if len(self.first) < FIRST_FEW:
             self.first.append(f"op #{i} {what}: {message}")
 
 
 TALLY = Tally()
+MIX: collections.Counter = collections.Counter()  # ops run, by kind, sync/async, named/unnamed
 DIGESTS: dict[tuple, bytes] = {}  # (op, part) -> digest of a result every rank must hold alike
 KEPT: collections.deque = collections.deque(maxlen=KEEP)  # (op, what, result, digest)
 
 
 def digest(a: np.ndarray) -> bytes:
-    return hashlib.blake2b(np.ascontiguousarray(a).reshape(-1).view(np.uint8), digest_size=8).digest()
+    return hashlib.blake2b(as_bytes(a), digest_size=8).digest()
+
+
+def as_bytes(a: np.ndarray) -> np.ndarray:
+    """The bytes of `a`'s elements in order, whatever its strides."""
+    return np.ascontiguousarray(a).reshape(-1).view(np.uint8)
 
 
 def corrupt(i: int, expected: np.ndarray, bound) -> np.ndarray:
@@ -261,7 +274,7 @@ def check_bytes(i: int, what: str, got, expected: np.ndarray) -> None:
     if not check_array(i, what, got, expected.dtype, expected.shape):
         return
     expected = corrupt(i, expected, 0)
-    g, e = got.reshape(-1).view(np.uint8), np.ascontiguousarray(expected).reshape(-1).view(np.uint8)
+    g, e = as_bytes(got), as_bytes(expected)
     if not np.array_equal(g, e):
         bad = np.flatnonzero(g != e) // got.dtype.itemsize
         TALLY.wrong(i, what, f"{np.unique(bad).size} of {got.size} elements differ, first at "
@@ -302,7 +315,7 @@ def check_reduction(i: int, what: str, got, inputs: list[np.ndarray], op, pre=1.
 
 
 def check_untouched(i: int, what: str, x: np.ndarray, original: np.ndarray) -> None:
-    if not np.array_equal(x.reshape(-1).view(np.uint8), original.reshape(-1).view(np.uint8)):
+    if not np.array_equal(as_bytes(x), as_bytes(original)):
         TALLY.wrong(i, what, "the input was modified")
 
 
@@ -421,6 +434,10 @@ def plan(i: int, taken: set) -> dict:
          "wait": ("wait", "synchronize", "poll")[int(g.integers(3))]}
     kind = p["kind"]
     p["name"] = pick_name(g, kind, i, taken) if kind != "barrier" else None
+    # a tenth of the tensors (and out= arrays) of these kinds are not contiguous
+    # (drawn from a generator of its own, so that adding it changed no other draw)
+    p["strided"] = (kind in ("allreduce", "compressed", "allgather", "broadcast")
+                    and bool(np.random.default_rng([SEED, i, 5]).random() < 0.1))
     if kind in ("allreduce", "compressed", "broadcast", "reducescatter", "allgather", "alltoall"):
         dt = pick_dtype(g)
         p["dtype"] = dt
@@ -495,6 +512,8 @@ def describe(p: dict) -> str:
             parts.append(f"{key}={getattr(v, 'name', v)}")
     if p.get("wide"):
         parts.append("wide")
+    if p.get("strided"):
+        parts.append("strided")
     parts.append(f"name={p['name']}")
     return " ".join(map(str, parts))
 
@@ -507,6 +526,16 @@ def obj_of(p: dict, rank: int):
 
 
 # ----------------------------------------------------------------- running
+def tensor_of(p: dict, a: np.ndarray) -> np.ndarray:
+    """A copy of `a` to hand to the library: C-contiguous, or, for ops planned `strided`, a
+    view of every other element of the last dimension of a larger buffer (not contiguous)."""
+    if not p.get("strided") or a.ndim == 0:
+        return a.copy()
+    view = np.empty(a.shape[:-1] + (2 * a.shape[-1],), a.dtype)[..., ::2]
+    view[...] = a
+    return view
+
+
 def start(p: dict, asynchronous: bool):
     """Issue op `p` on this rank; returns a function that waits for it and checks it."""
     i, kind, what, name = p["i"], p["kind"], describe(p), p["name"]
@@ -522,8 +551,8 @@ def start(p: dict, asynchronous: bool):
 
     if kind in ("allreduce", "compressed"):
         inputs = [make_input(i, r, 0, p["dtype"], p["shape"], p["wide"], p["scale"]) for r in range(N)]
-        x = inputs[R].copy()
-        out = None if p["out"] == "new" else (x if p["out"] == "inplace" else np.empty_like(x))
+        x = tensor_of(p, inputs[R])
+        out = None if p["out"] == "new" else (x if p["out"] == "inplace" else tensor_of(p, np.zeros_like(inputs[R])))
         kw = dict(op=p["op"], name=name, out=out)
         if p["compression"] is not Compression.none:
             kw["compression"] = p["compression"]
@@ -573,7 +602,7 @@ def start(p: dict, asynchronous: bool):
     if kind == "allgather":
         inputs = [make_input(i, r, 0, p["dtype"], (p["rows"][r],) + p["trailing"], p["wide"], p["scale"])
                   for r in range(N)]
-        x = inputs[R].copy()
+        x = tensor_of(p, inputs[R])
         h = fastring.allgather_async(x, name=name) if asynchronous else None
         got = None if asynchronous else fastring.allgather(x, name=name)
 
@@ -586,8 +615,8 @@ def start(p: dict, asynchronous: bool):
 
     if kind == "broadcast":
         inputs = {r: make_input(i, r, 0, p["dtype"], p["shape"], p["wide"], p["scale"]) for r in {R, p["root"]}}
-        x = inputs[R].copy()
-        out = None if p["out"] == "new" else (x if p["out"] == "inplace" else np.empty_like(x))
+        x = tensor_of(p, inputs[R])
+        out = None if p["out"] == "new" else (x if p["out"] == "inplace" else tensor_of(p, np.zeros_like(inputs[R])))
         h = fastring.broadcast_async(x, p["root"], name=name, out=out) if asynchronous else None
         got = None if asynchronous else fastring.broadcast(x, p["root"], name=name, out=out)
 
@@ -684,7 +713,9 @@ def guarded(i: int, what: str, fn):
     try:
         return fn()
     except Exception as e:  # noqa: BLE001 - every failure is counted and reported at the end
-        TALLY.wrong(i, what, f"raised {type(e).__name__}: {str(e)[:300]}")
+        where = " <- ".join(f"{os.path.relpath(f.filename, _ROOT)}:{f.lineno}"
+                            for f in reversed(traceback.extract_tb(e.__traceback__)[-3:]))
+        TALLY.wrong(i, what, f"raised {type(e).__name__}: {str(e)[:300]} (at {where})")
         return None
 
 
@@ -753,6 +784,7 @@ def main() -> None:
     trajectory = []
     leak = []
     last_rss = rss_bytes()
+    exchanged_block = 0
     i = 0
     while i < ops:
         g = np.random.default_rng([SEED, i, 0xB5])
@@ -764,6 +796,9 @@ def main() -> None:
             # in a burst, most calls are asynchronous; a few synchronous ones run in between
             asynchronous = bool(burst) and p["kind"] in ASYNC_KINDS and g.random() < 0.85
             what = describe(p)
+            MIX[p["kind"]] += 1
+            MIX["async" if asynchronous else "sync"] += 1
+            MIX["named" if p.get("name") else "unnamed"] += 1
             finish = guarded(j, what, lambda: start(p, asynchronous))
             if finish is None:
                 continue
@@ -791,8 +826,11 @@ def main() -> None:
             last_rss = now
         i = min(ops, i + max(burst, 1))
         # quiescent point: nothing of ours in flight
-        if len(DIGESTS) >= 256 or i >= ops:
+        # by op index, never by a rank's own state (a count of digests differs when a check
+        # raised on one rank only, and then one rank would wait in mpi4py, the other in fastring)
+        if i // 256 != exchanged_block or i >= ops:
             exchange_digests()
+            exchanged_block = i // 256
         if warm is None and i >= warmup:
             exchange_digests()
             warm, t_warm, i_warm = resources(), time.perf_counter(), i
@@ -826,7 +864,7 @@ def main() -> None:
               "fds_warm": len(warm["fds"]), "fds_end": len(end["fds"]),
               "diag_warm": warm["diag"], "diag_end": end["diag"],
               "compiled_after_warmup": sorted(COMPILED_AT[len(COMPILED_AT) - 1] - compiled_warm),
-              "wrong": TALLY.count, "first_wrong": TALLY.first, "rss_trajectory_mib": trajectory}
+              "mix": dict(MIX), "wrong": TALLY.count, "first_wrong": TALLY.first, "rss_trajectory_mib": trajectory}
     problems = []
     if TALLY.count:
         problems.append(f"{TALLY.count} wrong results")
@@ -855,6 +893,8 @@ def main() -> None:
             print(f"[soak rank {r['rank']}]   diagnostics after warm-up {r['diag_warm']}, at the end "
                   f"{r['diag_end']}; kernels compiled after the warm-up {r['compiled_after_warmup']}; "
                   f"RSS (MiB) every 1000 ops {r['rss_trajectory_mib']}", flush=True)
+            if r["rank"] == 0:
+                print(f"[soak] ops run: {dict(sorted(r['mix'].items()))}", flush=True)
             for m in r["first_wrong"]:
                 print(f"[soak rank {r['rank']}]   WRONG {m}", flush=True)
             for m in r["problems"]:
