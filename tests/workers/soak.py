@@ -744,8 +744,10 @@ except (OSError, AttributeError):  # not glibc >= 2.33: the diagnostic is left o
 
 def resources() -> dict:
     """Resident set, threads (the kernel's count and Python's) and open descriptors, the
-    measured quantities; and, to say where a growth comes from, diagnostics: bytes the result
-    pool keeps, malloc's bytes in use and free-but-kept (glibc), compiled Numba kernels."""
+    measured quantities; and, to say where a growth comes from, diagnostics (internals, read
+    only): bytes the result pool keeps, the scratch and fusion buffers (grown, never shrunk),
+    the negotiation caches' entries, compiled Numba kernels, malloc's bytes in use and
+    free-but-kept (glibc)."""
     gc.collect()
     status = {}
     with open("/proc/self/status") as f:
@@ -762,6 +764,7 @@ def resources() -> dict:
     diag = {"pool_buffers": _pool.POOL.kept()[0], "pool_mib": round(_pool.POOL.kept()[1] / 2**20, 1),
             "compiled_cfuncs": len(_cfuncs._COMPILED),
             "scratch_mib": round(_runtime.runtime()._scratch.nbytes / 2**20, 1)}
+    diag["fusion_mib"] = round(_runtime.runtime().engine._executor._fusion.nbytes / 2**20, 1)
     neg = _runtime.runtime().engine._neg  # negotiation caches: bounded at CACHE_CAPACITY each
     diag.update(cached_names=len(neg.cache), field_digests=len(neg._field_digests), named_hashes=len(neg._hashes))
     if _mallinfo2 is not None:
