@@ -122,13 +122,13 @@ POOL_CLASSES_PER_OCTAVE = 8
 # gradients of one step). A request whose shape's last buffer is still held scans these for a
 # free one, so a few, not dozens.
 POOL_PER_SIZE = 8
-# What the pool keeps, in all. 1 GiB is 8 default fusion buffers (Config.fusion_threshold,
-# 128 MiB): the new results of one step of a ~250M-parameter float32 model are reused
-# whole; beyond that a miss costs about one pass over the data (the page faults), never
-# memory. 256 entries bound the eviction scan and are two buffers for each of the 112 sizes
-# from 64 KiB to 1 GiB; a step uses tens of distinct sizes. Without these caps 2,000 distinct
-# shapes of 64 KiB and more took a rank from 112 MB to 2.7 GB.
-POOL_MAX_BYTES = 1 << 30
+# What the pool keeps, in all: one default fusion buffer's worth (Config.fusion_threshold,
+# 128 MiB), so that after a warm-up the pool stops growing however the sizes vary (a soak of
+# mixed sizes grew it past 230 MiB under a 1 GiB cap); a result larger than this is never
+# pooled and costs its page faults, about one pass over the data. 256 entries bound the
+# eviction scan. Without caps 2,000 distinct shapes of 64 KiB and more took a rank from
+# 112 MB to 2.7 GB.
+POOL_MAX_BYTES = 128 << 20
 POOL_MAX_ENTRIES = 256
 # Error-feedback residuals (fastring._core.residuals), one per tensor name, on the host and
 # on the device. A residual dropped costs that tensor one step's rounding correction, so the

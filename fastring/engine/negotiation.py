@@ -34,6 +34,7 @@ WANT_REPORT = 2   # some rank has waited past FASTRING_STALL_CHECK_TIME: gather 
 LEAVING = 4       # some rank is shutting down: nothing pending anywhere can complete
 LEFT_RANK_SHIFT = 8  # bit LEFT_RANK_SHIFT + r: rank r is shutting down (ranks below 56)
 CACHE_CAPACITY = 1 << 14
+FIELD_DIGESTS_KEPT = 1024  # digests of recent fields tuples, a shortcut for repeated signatures
 # Byte offset of the speculative payload in a cycle block with w bit-vector words.
 PAYLOAD_OFFSET = [8 * (HEADER_WORDS + 2 * w) for w in range(CACHE_CAPACITY // 64 + 1)]
 NO_PAYLOAD = (0, 1)  # (reduction cfunc, item size) of a cycle that carries no payload
@@ -126,8 +127,10 @@ class Negotiation:
         fields_digest = self._field_digests.get(fields)
         if fields_digest is None:
             fields_digest = hashlib.blake2b(repr(fields).encode(), digest_size=16).digest()
-            if len(self._field_digests) < CACHE_CAPACITY:
-                self._field_digests[fields] = fields_digest
+            if len(self._field_digests) >= FIELD_DIGESTS_KEPT:
+                # fields hold every tensor's shape: varying shapes must not pile up
+                self._field_digests.clear()
+            self._field_digests[fields] = fields_digest
         digest = hashlib.blake2b(name.encode(), digest_size=8, key=fields_digest).digest()
         h = int.from_bytes(digest, "little") % (SPECULATION_FAILED - 1) + 1
         if ".noname." not in name and len(self._hashes) < CACHE_CAPACITY:
