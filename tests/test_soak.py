@@ -12,7 +12,6 @@ import os
 import subprocess
 import sys
 
-import pytest
 
 OPS = int(os.environ.get("FASTRING_SOAK_OPS", "3000"))
 # Hang guard: generous for a cold Numba cache (every kernel compiled on first use: a minute
