@@ -101,12 +101,9 @@ def split_for_average(x: np.ndarray, size: int, out: np.ndarray) -> None:
     """
     n = x.size
     q, r = out[:n], out[n:]
-    np.floor_divide(x, size, out=q, casting="unsafe")
-    np.subtract(x, q * size, out=r, casting="unsafe")
-    # floor -> trunc: a negative x with a remainder rounds toward zero
-    fix = (r != 0) & (x < 0)
-    q[fix] += 1
-    r[fix] -= size
+    np.fmod(x, size, out=r, casting="unsafe")  # C's remainder: the sign of x, so q truncates
+    np.subtract(x, r, out=q, casting="unsafe")  # x may be q itself: r is already taken
+    np.floor_divide(q, size, out=q)  # exact: q is a multiple of size
 
 
 def join_average(parts: np.ndarray, size: int) -> np.ndarray:
@@ -119,9 +116,10 @@ def join_average(parts: np.ndarray, size: int) -> np.ndarray:
     """
     n = parts.size // 2
     q, r = parts[:n], parts[n:]
-    d = np.trunc(r / size).astype(np.int64) if size > 1 else r  # |R| < size**2: exact in float64
-    m = r - d * size
-    t = q + d
+    m = np.fmod(r, size)  # R = size * d + m, d truncated, m with R's sign (|R| < size**2)
+    t = r - m
+    np.floor_divide(t, size, out=t)
+    t += q
     return t - ((t > 0) & (m < 0)) + ((t < 0) & (m > 0))
 
 
@@ -151,7 +149,7 @@ def pack(work: AllreduceWork, flat: np.ndarray, size: int) -> None:
         offset += n
     prescale(work, inputs, size)
     if work.splits_average:
-        split_for_average(inputs.copy(), size, flat)
+        split_for_average(inputs, size, flat)
 
 
 def unpack(work: AllreduceWork, flat: np.ndarray, size: int) -> np.ndarray:
