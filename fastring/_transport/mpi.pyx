@@ -21,6 +21,8 @@ from .._core.config import (WAIT_LONG_PAUSE_SECONDS, WAIT_LONG_SECONDS, WAIT_PAU
                             WAIT_SHORT_PAUSE_SECONDS, WAIT_SPIN_BYTES_PER_SECOND, WAIT_DATA_SPIN_SECONDS)
 from .._core.errors import FastringError
 
+import sys
+
 
 cdef int raise_mpi_error(int code) except -1 with gil:
     cdef char message[512]
@@ -196,19 +198,25 @@ cdef void* _exit_when_due(void* arg) noexcept nogil:
     pause.tv_nsec = <long> ((d.seconds - pause.tv_sec) * 1e9)
     nanosleep(&pause, NULL)
     write(2, d.text, d.length)
+    pause.tv_sec, pause.tv_nsec = 0, 200000000  # let hydra forward it before the exit stops the job
+    nanosleep(&pause, NULL)
     _exit(1)
     return NULL
 
 
 def exit_unless_gone_within(double seconds, str message):
-    """Start a C thread that, unless this process has ended within `seconds`, writes
-    `message` to stderr and ends it with exit code 1, skipping whatever it is waiting for.
+    """Say `message` on stderr, and start a C thread that, unless this process has ended
+    within `seconds`, says so and ends it with exit code 1, skipping whatever it is waiting for.
 
     For a process leaving after it gave up on a rank that stopped answering: MPI_Finalize
     (at interpreter exit, after every Python thread stopped running) waits for every rank
     to finalize too, forever if one is stopped or hung. Exiting without it ends the job
     (hydra stops the other ranks), which is what the failure calls for."""
-    data = message.encode("utf-8", "replace")
+    # Said now, in full: the job may be torn down before the last words of an exiting process
+    # are forwarded.
+    print(f"{message}; if this process has not ended {seconds:g} s from now (MPI_Finalize waits "
+          "for every rank), it exits with code 1 without MPI_Finalize", file=sys.stderr, flush=True)
+    data = f"{message}: exiting with code 1 now\n".encode("utf-8", "replace")
     cdef _Deadline* d = <_Deadline*> malloc(sizeof(_Deadline) + len(data))
     if d == NULL:
         raise MemoryError()

@@ -341,9 +341,8 @@ class Engine:
             self._neg.abandon()
             if self.rt.size > 1:  # at exit, MPI_Finalize must not wait forever for a stopped rank
                 wait = self.config.stall_shutdown_time + FINALIZE_WAIT_SECONDS
-                atexit.register(exit_unless_gone_within, wait, f"fastring: rank {self.rt.rank} gave up its "
-                                f"collectives ({error}) and has waited {wait:g} s at exit for the other ranks "
-                                "to finish; exiting with code 1 without them\n")
+                atexit.register(exit_unless_gone_within, wait,
+                                f"fastring: rank {self.rt.rank} gave up its collectives ({error})")
 
     def _fail_all(self, error: BaseException, broken: bool = True) -> None:
         if broken:
