@@ -154,13 +154,14 @@ def test_a_rank_late_for_a_large_transfer_is_an_error_on_time(tmp_path, n):
 
 
 def test_a_joined_rank_waiting_uses_little_cpu(tmp_path):
-    """join() while the peer is busy: the wait backs off to sleeps of a few ms (it spun at
-    about half a core before)."""
+    """join() while the peer is busy: the wait backs off to 5 ms sleeps after a second. On
+    the 2-core reference VM it used 0.6% of a core over 5 s, against 3% with the cycle's old
+    0.5 ms ceiling (which this bound catches)."""
     job = Job(tmp_path, 2, "join_cpu")
     try:
         rc, out = job.finish()
         assert rc == 0, out
         used = float(re.search(r"join cpu: ([\d.]+)", out).group(1))
-        assert used < 0.1, out
+        assert used < 0.015, out
     finally:
         job.close()
