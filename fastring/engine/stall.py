@@ -92,10 +92,10 @@ class DataStallReporter(StallReporter):
     the executor still runs fails in milliseconds instead of each waiting out the deadline.
 
     Example:
-        >>> r = DataStallReporter(60.0, 2.0, lambda: ("allreduce", ["w"]), set_interval=print)
+        >>> r = DataStallReporter(60.0, 2.0, lambda: ("allreduce (ring)", ["w"]))
         >>> r(1, 2.5)
         Traceback (most recent call last):
-        fastring._core.errors.FastringError: stall: waited 2.5 s for rank 1 during allreduce of w; ...
+        fastring._core.errors.FastringError: stall: waited 2.5 s for rank 1 during allreduce (ring) of w; it has stopped answering or failed (FASTRING_STALL_SHUTDOWN_TIME=2)
     """
 
     def __init__(self, check_after: float, shutdown_after: float,
