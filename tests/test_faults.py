@@ -70,7 +70,9 @@ class Job:
 def errors_in_time(out: str, limit: float) -> list[tuple[int, float, str]]:
     """(rank, seconds, message) of every `rank R: FastringError after X s: ...` line, each
     checked to have come within `limit` seconds."""
-    found = [(int(r), float(t), m) for r, t, m in re.findall(r"rank (\d+): FastringError after ([\d.]+) s: (.*)", out)]
+    # hydra may join two ranks' lines: a message ends where the next rank's begins
+    line = r"rank (\d+): FastringError after ([\d.]+) s: (.*?)(?=rank \d+: FastringError|\n|$)"
+    found = [(int(r), float(t), m) for r, t, m in re.findall(line, out)]
     for rank, took, message in found:
         assert took <= limit, f"rank {rank} got its error after {took} s > {limit} s: {message}"
     return found
