@@ -137,3 +137,31 @@ POOL_MAX_ENTRIES = 256
 # stop only names that come and go (per-step or per-batch names) from piling up forever.
 RESIDUAL_MAX_BYTES = 4 << 30
 RESIDUAL_MAX_ENTRIES = 8192
+
+
+# ================================================================ waiting for a partner
+# Every wait of the transport (fastring/_transport/mpi.pyx, `wait`) first spins on MPI_Test
+# for WAIT_CYCLE_SPIN_SECONDS (negotiation) or WAIT_DATA_SPIN_SECONDS (the data phase), or as
+# long as its bytes take at WAIT_SPIN_BYTES_PER_SECOND if that is longer: a partner already in
+# the collective answers within microseconds, and MPICH's shared-memory copies move only while
+# a rank polls. With a 1 ms spin everywhere the 64 MiB allreduce took twice as long at np=2
+# (steps of the ring that a busy machine delays past 1 ms slept mid-copy, and woke late);
+# 1 GB/s is a quarter of the slowest copy rate measured at np=2. The cycle spins briefly, so
+# that a rank whose peer is a training step behind leaves its core to the training thread.
+# Then it sleeps between tests, the
+# pause growing by WAIT_PAUSE_STEP_SECONDS up to WAIT_SHORT_PAUSE_SECONDS (what the negotiation
+# cycle always did), and, once the wait has lasted WAIT_LONG_SECONDS (a joined or early rank
+# waiting for a busy peer), doubling up to WAIT_LONG_PAUSE_SECONDS, so that a long wait leaves
+# its core to the training threads (BENCHMARKS.md, "Waiting").
+WAIT_CYCLE_SPIN_SECONDS = 1e-3
+WAIT_DATA_SPIN_SECONDS = 20e-3
+WAIT_SPIN_BYTES_PER_SECOND = 1e9
+WAIT_PAUSE_STEP_SECONDS = 20e-6
+WAIT_SHORT_PAUSE_SECONDS = 500e-6
+WAIT_LONG_SECONDS = 1.0
+WAIT_LONG_PAUSE_SECONDS = 5e-3
+# A rank that gave up on another (a stall) gives the others this long past
+# FASTRING_STALL_SHUTDOWN_TIME to reach MPI_Finalize at exit (a late rank notices the abandon
+# within a quarter of that time), then exits without it, which ends the job: MPI_Finalize
+# waits for every rank, forever when one is stopped or hung (README.md, "Failure behaviour").
+FINALIZE_WAIT_SECONDS = 5.0

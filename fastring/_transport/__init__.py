@@ -14,12 +14,13 @@ from .alltoall import pairwise_alltoall
 from .arrays import array_address, copy_from_array, copy_to_array, is_c_contiguous, is_writable_c_contiguous
 from .broadcast import chain_broadcast, single_copy_broadcast, tree_broadcast
 from .cycle import CYCLE_HEADER_WORDS, SPECULATION_FAILED
+from .mpi import exit_unless_gone_within
 from .ring import ring_reduce_scatter_into, ring_reduce_scatter_to
 from .tags import Tag
 from .testing import Requests
 from .transport import Transport
 
 __all__ = ["CYCLE_HEADER_WORDS", "SPECULATION_FAILED", "FastringError", "Requests", "Tag", "Transport", "array_address",
-           "chain_broadcast", "copy_from_array", "copy_to_array", "is_c_contiguous",
+           "chain_broadcast", "copy_from_array", "copy_to_array", "exit_unless_gone_within", "is_c_contiguous",
            "is_writable_c_contiguous", "pairwise_alltoall", "ring_reduce_scatter_into",
            "ring_reduce_scatter_to", "single_copy_broadcast", "tree_broadcast"]

@@ -4,9 +4,7 @@
 from libc.stdint cimport int64_t, uintptr_t
 from libc.string cimport memcpy
 
-from mpi4py.libmpi cimport MPI_Comm
-
-from .mpi cimport TransportBase, check_offsets, sendrecv
+from .mpi cimport Link, TransportBase, check_offsets, sendrecv
 from .tags cimport Tag
 
 
@@ -32,17 +30,17 @@ def pairwise_alltoall(TransportBase t, uintptr_t send, const int64_t[::1] send_o
     if send_offsets[t.rank + 1] - send_offsets[t.rank] != recv_offsets[t.rank + 1] - recv_offsets[t.rank]:
         raise ValueError("the block a rank sends itself must be as long as the one it receives")
     with nogil:
-        _pairwise_alltoall(t.comm, t.rank, t.size, <char*> send, &send_offsets[0],
+        _pairwise_alltoall(&t.link, t.rank, t.size, <char*> send, &send_offsets[0],
                            <char*> recv, &recv_offsets[0], tag)
 
 
-cdef int _pairwise_alltoall(MPI_Comm comm, int rank, int size, char* send, const int64_t* soff,
+cdef int _pairwise_alltoall(const Link* link, int rank, int size, char* send, const int64_t* soff,
                             char* recv, const int64_t* roff, int tag) except -1 nogil:
     cdef int k, dest, source
     memcpy(recv + roff[rank], send + soff[rank], soff[rank + 1] - soff[rank])
     for k in range(1, size):
         dest = (rank + k) % size
         source = (rank + size - k) % size
-        sendrecv(comm, send + soff[dest], soff[dest + 1] - soff[dest], dest,
+        sendrecv(link, send + soff[dest], soff[dest + 1] - soff[dest], dest,
                  recv + roff[source], roff[source + 1] - roff[source], source, tag)
     return 0

@@ -15,7 +15,7 @@ from posix.unistd cimport getpid
 cimport mpi4py.libmpi as mpi
 from mpi4py.libmpi cimport MPI_Comm, MPI_Request
 
-from .mpi cimport check, now, sendrecv
+from .mpi cimport SENT_TO, Link, check, now, recv, send, sendrecv, wait, wait1
 from .tags cimport Tag
 
 # Python.h defines _GNU_SOURCE, which sys/uio.h needs to declare these.
@@ -51,10 +51,10 @@ def tree_broadcast(TransportBase t, uintptr_t buf, int64_t nbytes, int root,
     """
     _check_root(t, root)
     with nogil:
-        _tree_broadcast(t.comm, t.rank, t.size, root, <char*> buf, nbytes, tag)
+        _tree_broadcast(&t.link, t.rank, t.size, root, <char*> buf, nbytes, tag)
 
 
-cdef int _tree_broadcast(MPI_Comm comm, int rank, int size, int root, char* buf,
+cdef int _tree_broadcast(const Link* link, int rank, int size, int root, char* buf,
                          int64_t nbytes, int tag) except -1 nogil:
     # Ranks relative to the root: relative rank v receives from v - (its lowest set bit),
     # then sends to v + m for every smaller power of two m.
@@ -62,14 +62,13 @@ cdef int _tree_broadcast(MPI_Comm comm, int rank, int size, int root, char* buf,
     cdef int mask = 1
     while mask < size:
         if v & mask:
-            check(mpi.MPI_Recv_c(buf, nbytes, mpi.MPI_BYTE, (rank - mask + size) % size, tag, comm,
-                                 mpi.MPI_STATUS_IGNORE))
+            recv(link, buf, nbytes, (rank - mask + size) % size, tag)
             break
         mask <<= 1
     mask >>= 1
     while mask > 0:
         if v + mask < size:
-            check(mpi.MPI_Send_c(buf, nbytes, mpi.MPI_BYTE, (rank + mask) % size, tag, comm))
+            send(link, buf, nbytes, (rank + mask) % size, tag)
         mask >>= 1
     return 0
 
@@ -93,10 +92,10 @@ def chain_broadcast(TransportBase t, uintptr_t buf, int64_t nbytes, int root, in
     if segment_bytes <= 0:
         raise ValueError(f"segment_bytes must be positive, got {segment_bytes}")
     with nogil:
-        _chain_broadcast(t.comm, t.rank, t.size, root, <char*> buf, nbytes, segment_bytes, tag)
+        _chain_broadcast(&t.link, t.rank, t.size, root, <char*> buf, nbytes, segment_bytes, tag)
 
 
-cdef int _chain_broadcast(MPI_Comm comm, int rank, int size, int root, char* buf, int64_t nbytes,
+cdef int _chain_broadcast(const Link* link, int rank, int size, int root, char* buf, int64_t nbytes,
                           int64_t segment, int tag) except -1 nogil:
     cdef int v = (rank - root + size) % size
     cdef bint has_prev = v > 0
@@ -105,22 +104,26 @@ cdef int _chain_broadcast(MPI_Comm comm, int rank, int size, int root, char* buf
     cdef int nxt = (rank + 1) % size
     cdef int64_t segments = (nbytes + segment - 1) // segment
     cdef int64_t s, lo
-    cdef MPI_Request recv_req = mpi.MPI_REQUEST_NULL
-    cdef MPI_Request send_req = mpi.MPI_REQUEST_NULL
+    # [0]: the receive of the next segment, [1]: the send of the previous one; each wait
+    # gives up both if the stall hook raises
+    cdef MPI_Request reqs[2]
+    cdef int peers[2]
+    reqs[0] = reqs[1] = mpi.MPI_REQUEST_NULL
+    peers[0], peers[1] = prev, SENT_TO(nxt)
     if has_prev and segments > 0:
-        check(mpi.MPI_Irecv_c(buf, min(segment, nbytes), mpi.MPI_BYTE, prev, tag, comm, &recv_req))
+        check(mpi.MPI_Irecv_c(buf, min(segment, nbytes), mpi.MPI_BYTE, prev, tag, link.comm, &reqs[0]))
     for s in range(segments):
         lo = s * segment
         if has_prev:
-            check(mpi.MPI_Wait(&recv_req, mpi.MPI_STATUS_IGNORE))
+            wait(link, &reqs[0], 1, &peers[0], reqs, peers, 2, segment)
             if s + 1 < segments:
                 check(mpi.MPI_Irecv_c(buf + lo + segment, min(segment, nbytes - lo - segment),
-                                      mpi.MPI_BYTE, prev, tag, comm, &recv_req))
+                                      mpi.MPI_BYTE, prev, tag, link.comm, &reqs[0]))
         if has_next:
-            check(mpi.MPI_Wait(&send_req, mpi.MPI_STATUS_IGNORE))
+            wait(link, &reqs[1], 1, &peers[1], reqs, peers, 2, segment)
             check(mpi.MPI_Isend_c(buf + lo, min(segment, nbytes - lo), mpi.MPI_BYTE, nxt, tag,
-                                  comm, &send_req))
-    check(mpi.MPI_Wait(&send_req, mpi.MPI_STATUS_IGNORE))
+                                  link.comm, &reqs[1]))
+    wait(link, &reqs[1], 1, &peers[1], reqs, peers, 2, segment)
     return 0
 
 
@@ -153,7 +156,7 @@ cdef object probe_single_copy(TransportBase t):
             check(mpi.MPI_Allgather(&me, sizeof(pid_t), mpi.MPI_BYTE, pids, sizeof(pid_t),
                                     mpi.MPI_BYTE, t.comm))
             addrs[0], addrs[1] = <uint64_t> &mark, <uint64_t> &slot
-            sendrecv(t.comm, <char*> addrs, sizeof(addrs), left, <char*> right_addrs,
+            sendrecv(&t.link, <char*> addrs, sizeof(addrs), left, <char*> right_addrs,
                      sizeof(right_addrs), right, Tag.SINGLE_COPY_PROBE)
             if t.size > 1 and local_size == t.size:
                 works = (_vm_copy(False, pids[right], <char*> &seen, right_addrs[0], 8) == 0
@@ -211,10 +214,10 @@ def single_copy_broadcast(TransportBase t, uintptr_t buf, int64_t nbytes, int ro
     cdef double* share = &t.root_share[_bit_length(nbytes)]
     try:
         with nogil:
-            failed = _single_copy_broadcast(t.comm, t.rank, t.size, root, <char*> buf, nbytes,
+            failed = _single_copy_broadcast(&t.link, t.rank, t.size, root, <char*> buf, nbytes,
                                             t.pids, addrs, share, tag)
             if failed:
-                _tree_broadcast(t.comm, t.rank, t.size, root, <char*> buf, nbytes, tag)
+                _tree_broadcast(&t.link, t.rank, t.size, root, <char*> buf, nbytes, tag)
     finally:
         free(addrs)
     if failed:
@@ -249,7 +252,7 @@ cdef int _vm_copy(bint write, pid_t pid, char* local, uint64_t remote, int64_t n
     return 0
 
 
-cdef uint64_t _single_copy_broadcast(MPI_Comm comm, int rank, int size, int root, char* buf,
+cdef uint64_t _single_copy_broadcast(const Link* link, int rank, int size, int root, char* buf,
                                      int64_t nbytes, const pid_t* pids, uint64_t* addrs,
                                      double* root_share, int tag) except? 0xFFFFFFFFFFFFFFFF nogil:
     # The root sends (its address, how many leading bytes it writes); a reader answers with
@@ -262,18 +265,18 @@ cdef uint64_t _single_copy_broadcast(MPI_Comm comm, int rank, int size, int root
     cdef int64_t share
     cdef int j
     if rank != root:
-        sendrecv(comm, <char*> &mine, 8, root, <char*> offer, 16, root, tag)
+        sendrecv(link, <char*> &mine, 8, root, <char*> offer, 16, root, tag)
         share = <int64_t> offer[1]
         began = now()
         report[0] = _vm_copy(False, pids[root], buf + share, offer[0] + share, nbytes - share)
         report[1] = <uint64_t> ((now() - began) * 1e9)
-        sendrecv(comm, <char*> report, 16, root, <char*> &failed, 8, root, tag)
+        sendrecv(link, <char*> report, 16, root, <char*> &failed, 8, root, tag)
         return failed
     share = (<int64_t> (nbytes * root_share[0])) & ~(<int64_t> 63)  # whole cache lines
     offer[0], offer[1] = mine, share
     for j in range(size):
         if j != root:
-            sendrecv(comm, <char*> offer, 16, j, <char*> &addrs[j], 8, j, tag)
+            sendrecv(link, <char*> offer, 16, j, <char*> &addrs[j], 8, j, tag)
     began = now()
     for j in range(size):
         if j != root and not failed:
@@ -281,12 +284,12 @@ cdef uint64_t _single_copy_broadcast(MPI_Comm comm, int rank, int size, int root
     wrote = now() - began
     for j in range(size):
         if j != root:
-            check(mpi.MPI_Recv(report, 16, mpi.MPI_BYTE, j, tag, comm, mpi.MPI_STATUS_IGNORE))
+            recv(link, <char*> report, 16, j, tag)
             failed = failed or report[0]
             slowest_read = max(slowest_read, 1e-9 * report[1])
     for j in range(size):
         if j != root:
-            check(mpi.MPI_Send(&failed, 8, mpi.MPI_BYTE, j, tag, comm))
+            send(link, <char*> &failed, 8, j, tag)
     if not failed and wrote > 0 and slowest_read > 0 and 0 < share < nbytes:
         # Both finish together when share * (N-1) / write_rate == (nbytes - share) / read_rate.
         write_rate = share * (size - 1) / wrote

@@ -7,19 +7,21 @@ where the header and the bits are combined with OR, agreement and AND, and the p
 the speculative request's reduction. Only the bytes in use travel: the header and bits, and
 the payload only while the hash is a real request's.
 
-A partner may be late by a whole training step, so waits spin briefly, then sleep, and call
-back into Python every stall_seconds to let the engine report or abandon the cycle.
+A partner may be late by a whole training step, so waits (mpi.pyx's `wait`, as every wait of
+the transport) spin briefly, then sleep, and call back into Python every stall_seconds to let
+the engine report or abandon the cycle: the cycle has its own hook, not the data phase's.
 """
 
 from libc.stdint cimport int64_t, uint64_t
 from libc.string cimport memcpy
-from posix.time cimport nanosleep, timespec
 
 cimport mpi4py.libmpi as mpi
-from mpi4py.libmpi cimport MPI_Comm, MPI_Request
+from mpi4py.libmpi cimport MPI_Request
 
 from .doubling cimport Exchange, doubling_allreduce
-from .mpi cimport check, now, reduce_fn_t
+from .mpi cimport SENT_TO, Link, check, reduce_fn_t, wait, wait1
+
+from .._core.config import WAIT_CYCLE_SPIN_SECONDS
 
 CYCLE_HEADER_WORDS = HEADER_WORDS
 SPECULATION_FAILED = 0xFFFFFFFFFFFFFFFF
@@ -27,14 +29,12 @@ cdef uint64_t _FAILED = 0xFFFFFFFFFFFFFFFF
 
 
 cdef struct _Cycle:
-    MPI_Comm comm
+    Link link              # the communicator, with the negotiation's stall hook
     int64_t words          # header and bit-vector words
     int64_t vector_words
     int64_t capacity       # payload bytes a block has room for
     reduce_fn_t reduce
     int64_t itemsize
-    double stall_seconds
-    void* on_stall
     int tag
 
 
@@ -43,14 +43,15 @@ cdef tuple exchange(TransportBase t, uintptr_t block, int64_t vector_words, int6
                     object on_stall, int tag):
     """Transport.cycle_exchange (see there)."""
     cdef _Cycle cyc
-    cyc.comm = t.comm
+    cyc.link.comm = t.comm
+    cyc.link.spin = WAIT_CYCLE_SPIN_SECONDS
+    cyc.link.interval = stall_seconds if on_stall is not None else 0
+    cyc.link.hook = <void*> on_stall if on_stall is not None else NULL
     cyc.words = HEADER_WORDS + 2 * vector_words
     cyc.vector_words = vector_words
     cyc.capacity = capacity
     cyc.reduce = <reduce_fn_t> reduce_fn
     cyc.itemsize = itemsize
-    cyc.stall_seconds = stall_seconds
-    cyc.on_stall = <void*> on_stall
     cyc.tag = tag
     cdef Exchange x
     x.ctx = &cyc
@@ -69,35 +70,6 @@ cdef tuple exchange(TransportBase t, uintptr_t block, int64_t vector_words, int6
     return header[FLAGS], header[HASH], leftover, any_ready
 
 
-cdef int _call_on_stall(_Cycle* cyc, int partner, double waited) except -1 with gil:
-    (<object> cyc.on_stall)(partner, waited)
-    return 0
-
-
-cdef int _wait_patiently(_Cycle* cyc, MPI_Request* reqs, int n, int partner) except -1 nogil:
-    # Spin first (a partner already in the cycle answers within microseconds), then back off
-    # with short sleeps so that a rank waiting long for a slow partner leaves its core to the
-    # training thread. Every stall_seconds the stall callback may report or raise.
-    cdef int done = 0
-    cdef long spins = 0
-    cdef double start = now(), next_report = start + cyc.stall_seconds
-    cdef timespec pause
-    pause.tv_sec = 0
-    pause.tv_nsec = 20000
-    while True:
-        check(mpi.MPI_Testall(n, reqs, &done, mpi.MPI_STATUSES_IGNORE))
-        if done:
-            return 0
-        spins += 1
-        if spins > 300:
-            nanosleep(&pause, NULL)
-            if pause.tv_nsec < 500000:
-                pause.tv_nsec += 20000
-            if cyc.stall_seconds > 0 and now() >= next_report:
-                _call_on_stall(cyc, partner, now() - start)
-                next_report = now() + cyc.stall_seconds
-
-
 cdef inline bint _has_payload(uint64_t* header) noexcept nogil:
     return header[HASH] != 0 and header[HASH] != _FAILED
 
@@ -111,26 +83,28 @@ cdef int _cycle_send(void* ctx, char* block, int peer) except -1 nogil:
     cdef _Cycle* cyc = <_Cycle*> ctx
     cdef MPI_Request req
     check(mpi.MPI_Isend_c(block, _block_bytes(cyc, block), mpi.MPI_BYTE, peer, cyc.tag,
-                          cyc.comm, &req))
-    return _wait_patiently(cyc, &req, 1, peer)
+                          cyc.link.comm, &req))
+    return wait1(&cyc.link, &req, SENT_TO(peer), 0)
 
 
 cdef int _cycle_recv(void* ctx, char* into, int peer) except -1 nogil:
     cdef _Cycle* cyc = <_Cycle*> ctx
     cdef MPI_Request req
     check(mpi.MPI_Irecv_c(into, cyc.words * 8 + cyc.capacity, mpi.MPI_BYTE, peer, cyc.tag,
-                          cyc.comm, &req))
-    return _wait_patiently(cyc, &req, 1, peer)
+                          cyc.link.comm, &req))
+    return wait1(&cyc.link, &req, peer, 0)
 
 
 cdef int _cycle_swap(void* ctx, char* block, char* into, int peer) except -1 nogil:
     cdef _Cycle* cyc = <_Cycle*> ctx
     cdef MPI_Request reqs[2]
+    cdef int peers[2]
     check(mpi.MPI_Irecv_c(into, cyc.words * 8 + cyc.capacity, mpi.MPI_BYTE, peer, cyc.tag,
-                          cyc.comm, &reqs[0]))
+                          cyc.link.comm, &reqs[0]))
     check(mpi.MPI_Isend_c(block, _block_bytes(cyc, block), mpi.MPI_BYTE, peer, cyc.tag,
-                          cyc.comm, &reqs[1]))
-    return _wait_patiently(cyc, reqs, 2, peer)
+                          cyc.link.comm, &reqs[1]))
+    peers[0], peers[1] = peer, SENT_TO(peer)
+    return wait(&cyc.link, reqs, 2, peers, NULL, NULL, 0, 0)
 
 
 cdef void _cycle_combine(void* ctx, char* first, char* second) noexcept nogil:

@@ -3,9 +3,7 @@
 # negotiation cycle, which differ only in how they move and combine their bytes.
 
 from libc.stdint cimport int64_t
-from mpi4py.libmpi cimport MPI_Comm
-
-from .mpi cimport reduce_fn_t
+from .mpi cimport Link, reduce_fn_t
 
 
 # How one user of the schedule moves and combines its buffers; `ctx` is passed to each.
@@ -26,6 +24,6 @@ cdef struct Exchange:
 cdef int doubling_allreduce(Exchange* x, int rank, int size, char* buf,
                             char* tmp) except -1 nogil
 
-cdef int recursive_doubling(MPI_Comm comm, int rank, int size, char* buf, int64_t nbytes,
+cdef int recursive_doubling(const Link* link, int rank, int size, char* buf, int64_t nbytes,
                             char* tmp, reduce_fn_t reduce, int64_t itemsize,
                             int tag) except -1 nogil

@@ -11,9 +11,7 @@ the payload of a NaN), and so every rank ends with the same bytes.
 from libc.stdint cimport int64_t
 from libc.string cimport memcpy
 
-cimport mpi4py.libmpi as mpi
-
-from .mpi cimport check, sendrecv
+from .mpi cimport recv, send, sendrecv
 
 
 cdef int doubling_allreduce(Exchange* x, int rank, int size, char* buf,
@@ -65,7 +63,7 @@ cdef int doubling_allreduce(Exchange* x, int rank, int size, char* buf,
 
 
 cdef struct _Plain:
-    MPI_Comm comm
+    const Link* link
     int64_t nbytes
     int64_t count   # elements
     reduce_fn_t reduce
@@ -74,18 +72,17 @@ cdef struct _Plain:
 
 cdef int _plain_send(void* ctx, char* buf, int peer) except -1 nogil:
     cdef _Plain* p = <_Plain*> ctx
-    return check(mpi.MPI_Send_c(buf, p.nbytes, mpi.MPI_BYTE, peer, p.tag, p.comm))
+    return send(p.link, buf, p.nbytes, peer, p.tag)
 
 
 cdef int _plain_recv(void* ctx, char* into, int peer) except -1 nogil:
     cdef _Plain* p = <_Plain*> ctx
-    return check(mpi.MPI_Recv_c(into, p.nbytes, mpi.MPI_BYTE, peer, p.tag, p.comm,
-                                mpi.MPI_STATUS_IGNORE))
+    return recv(p.link, into, p.nbytes, peer, p.tag)
 
 
 cdef int _plain_swap(void* ctx, char* buf, char* into, int peer) except -1 nogil:
     cdef _Plain* p = <_Plain*> ctx
-    return sendrecv(p.comm, buf, p.nbytes, peer, into, p.nbytes, peer, p.tag)
+    return sendrecv(p.link, buf, p.nbytes, peer, into, p.nbytes, peer, p.tag)
 
 
 cdef void _plain_combine(void* ctx, char* first, char* second) noexcept nogil:
@@ -98,12 +95,12 @@ cdef void _plain_copy(void* ctx, char* dst, char* src) noexcept nogil:
     memcpy(dst, src, (<_Plain*> ctx).nbytes)
 
 
-cdef int recursive_doubling(MPI_Comm comm, int rank, int size, char* buf, int64_t nbytes,
+cdef int recursive_doubling(const Link* link, int rank, int size, char* buf, int64_t nbytes,
                             char* tmp, reduce_fn_t reduce, int64_t itemsize,
                             int tag) except -1 nogil:
     """Allreduce `nbytes` at `buf` with `reduce`; `tmp` holds nbytes."""
     cdef _Plain p
-    p.comm, p.nbytes, p.count, p.reduce, p.tag = comm, nbytes, nbytes // itemsize, reduce, tag
+    p.link, p.nbytes, p.count, p.reduce, p.tag = link, nbytes, nbytes // itemsize, reduce, tag
     cdef Exchange x
     x.ctx = &p
     x.send, x.recv, x.swap = _plain_send, _plain_recv, _plain_swap

@@ -24,9 +24,30 @@ cdef inline int check(int code) except -1 nogil:
 cdef MPI_Datatype datatype(int code) noexcept
 cdef MPI_Op reduce_op(int code) noexcept
 
-cdef int sendrecv(MPI_Comm comm, char* send, MPI_Count send_nbytes, int dest,
+# A communicator with its deadline: every loop sends on `comm` and waits through `wait`, which
+# calls `hook(partner, seconds waited)` (a Python callable, with the GIL) every `interval`
+# seconds while a request is pending; the hook may raise to give up the wait.
+cdef struct Link:
+    MPI_Comm comm
+    double spin      # seconds a wait spins at least before it sleeps
+    double interval  # 0: never call the hook
+    void* hook       # a Python callable (borrowed: its owner keeps it alive) or NULL
+
+
+# The peer of a request, as `wait` takes it: a receive's source as it is, a send's
+# destination as SENT_TO(dest), so that giving up cancels the receives only.
+cdef inline int SENT_TO(int dest) noexcept nogil:
+    return -1 - dest
+
+
+cdef int wait(const Link* link, MPI_Request* reqs, int n, const int* peers,
+              MPI_Request* also, const int* also_peers, int n_also, int64_t nbytes) except -1 nogil
+cdef int wait1(const Link* link, MPI_Request* req, int peer, int64_t nbytes) except -1 nogil
+cdef int send(const Link* link, char* buf, MPI_Count nbytes, int dest, int tag) except -1 nogil
+cdef int recv(const Link* link, char* buf, MPI_Count nbytes, int source, int tag) except -1 nogil
+cdef int sendrecv(const Link* link, char* send, MPI_Count send_nbytes, int dest,
                   char* recv, MPI_Count recv_nbytes, int source, int tag) except -1 nogil
-cdef int post_exchange(MPI_Comm comm, char* send, int64_t send_nbytes, int dest,
+cdef int post_exchange(const Link* link, char* send, int64_t send_nbytes, int dest,
                        char* recv, int64_t recv_nbytes, int source, int tag,
                        MPI_Request* reqs) except -1 nogil
 
@@ -40,6 +61,9 @@ cdef inline int64_t mod(int64_t a, int64_t n) noexcept nogil:
 
 cdef class TransportBase:
     cdef MPI_Comm comm
+    # `comm` with the data phase's stall hook (set_stall), which every loop waits through.
+    cdef Link link
+    cdef object _stall_hook  # keeps link.hook alive
     cdef readonly int rank
     cdef readonly int size
     cdef object _owner  # the mpi4py duplicate, kept alive and freed with this object

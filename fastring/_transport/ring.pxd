@@ -2,9 +2,7 @@
 # and the allreduce whose messages travel as 16-bit values.
 
 from libc.stdint cimport int64_t
-from mpi4py.libmpi cimport MPI_Comm
-
-from .mpi cimport TransportBase, reduce_fn_t
+from .mpi cimport Link, TransportBase, reduce_fn_t
 
 # An element step of the ring on a 16-bit wire (kernels/cfuncs.py, wire_cfunc): each reads
 # what it needs of this rank's input `src` (scaled by mul / div), the received 16-bit `recv`,
@@ -37,12 +35,12 @@ cdef struct WireSteps:
 cdef int check_ring_args(TransportBase t, Py_ssize_t entries, int64_t segment_bytes,
                          int64_t itemsize) except -1
 
-cdef int reduce_scatter(MPI_Comm comm, int rank, int size, Landing landing, char* src,
+cdef int reduce_scatter(const Link* link, int rank, int size, Landing landing, char* src,
                         const int64_t* offsets, char* dst, char* work, int64_t segment,
                         reduce_fn_t reduce, int64_t itemsize, int tag) except -1 nogil
 
-cdef int allgather(MPI_Comm comm, int rank, int size, char* buf, const int64_t* offsets,
+cdef int allgather(const Link* link, int rank, int size, char* buf, const int64_t* offsets,
                    char* own, int tag) except -1 nogil
 
-cdef int allreduce_wire(MPI_Comm comm, int rank, int size, WireSteps* w, const int64_t* offsets,
+cdef int allreduce_wire(const Link* link, int rank, int size, WireSteps* w, const int64_t* offsets,
                         char* tmp, int64_t segment, int* roles, int tag) except -1 nogil

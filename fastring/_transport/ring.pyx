@@ -16,7 +16,7 @@ from libc.string cimport memcpy
 cimport mpi4py.libmpi as mpi
 from mpi4py.libmpi cimport MPI_Request
 
-from .mpi cimport check, check_offsets, mod, post_exchange, sendrecv
+from .mpi cimport SENT_TO, check_offsets, mod, post_exchange, sendrecv, wait
 from .tags cimport Tag
 
 
@@ -53,7 +53,7 @@ cdef inline char* _partial(Landing landing, int rank_steps, char* src, const int
     return dst if step == rank_steps - 1 else work + (step % 2) * largest
 
 
-cdef int reduce_scatter(MPI_Comm comm, int rank, int size, Landing landing, char* src,
+cdef int reduce_scatter(const Link* link, int rank, int size, Landing landing, char* src,
                         const int64_t* offsets, char* dst, char* work, int64_t segment,
                         reduce_fn_t reduce, int64_t itemsize, int tag) except -1 nogil:
     """Reduce chunk c of every rank's `src` into rank c, `segment` bytes at a time, keeping
@@ -72,6 +72,9 @@ cdef int reduce_scatter(MPI_Comm comm, int rank, int size, Landing landing, char
     cdef char* own
     cdef char* landed
     cdef MPI_Request reqs[4]
+    cdef int peers[4]
+    reqs[0] = reqs[1] = reqs[2] = reqs[3] = mpi.MPI_REQUEST_NULL
+    peers[0], peers[1], peers[2], peers[3] = left, SENT_TO(right), left, SENT_TO(right)
     for step in range(size - 1):
         send_c = mod(rank - step - 1, size)
         recv_c = mod(rank - step - 2, size)   # at the last step, this rank's own chunk
@@ -88,11 +91,12 @@ cdef int reduce_scatter(MPI_Comm comm, int rank, int size, Landing landing, char
             if seg < segments:
                 lo = seg * segment
                 landed = work + (seg % 2) * segment if landing == IN_SCRATCH else partial + lo
-                post_exchange(comm, send + lo, _seg_len(send_len, seg, segment), right,
+                post_exchange(link, send + lo, _seg_len(send_len, seg, segment), right,
                               landed, _seg_len(recv_len, seg, segment), left, tag,
                               &reqs[2 * (seg % 2)])
             if seg > 0:
-                check(mpi.MPI_Waitall(2, &reqs[2 * ((seg - 1) % 2)], mpi.MPI_STATUSES_IGNORE))
+                # the other pair (the next segment's) is outstanding too: given up with it
+                wait(link, &reqs[2 * ((seg - 1) % 2)], 2, peers, reqs, peers, 4, segment)
                 lo = (seg - 1) * segment
                 n = _seg_len(recv_len, seg - 1, segment) // itemsize
                 if n == 0:
@@ -104,7 +108,7 @@ cdef int reduce_scatter(MPI_Comm comm, int rank, int size, Landing landing, char
     return 0
 
 
-cdef int allgather(MPI_Comm comm, int rank, int size, char* buf, const int64_t* offsets,
+cdef int allgather(const Link* link, int rank, int size, char* buf, const int64_t* offsets,
                    char* own, int tag) except -1 nogil:
     """Circulate chunk c, held complete by rank c, so that every rank holds every chunk;
     this rank's chunk goes out from `own`."""
@@ -115,13 +119,13 @@ cdef int allgather(MPI_Comm comm, int rank, int size, char* buf, const int64_t* 
     for step in range(size - 1):
         send_c = mod(rank - step, size)
         recv_c = mod(rank - step - 1, size)
-        sendrecv(comm, own if step == 0 else buf + offsets[send_c],
+        sendrecv(link, own if step == 0 else buf + offsets[send_c],
                  offsets[send_c + 1] - offsets[send_c], right,
                  buf + offsets[recv_c], offsets[recv_c + 1] - offsets[recv_c], left, tag)
     return 0
 
 
-cdef int allreduce_wire(MPI_Comm comm, int rank, int size, WireSteps* w, const int64_t* offsets,
+cdef int allreduce_wire(const Link* link, int rank, int size, WireSteps* w, const int64_t* offsets,
                         char* tmp, int64_t segment, int* roles, int tag) except -1 nogil:
     """The allreduce of Transport.ring_allreduce_wire: offsets and `segment` in elements."""
     # Three 16-bit buffers rotate so that this rank's kernels only ever write a buffer whose
@@ -148,7 +152,7 @@ cdef int allreduce_wire(MPI_Comm comm, int rank, int size, WireSteps* w, const i
             # the last step this rank's own) and combine it into `spare`, to send next
             c = mod(rank - step - 2, size)
             lo, n = offsets[c] + seg * segment, _chunk_seg_len(offsets, c, seg, segment)
-            sendrecv(comm, sending, 2 * _chunk_seg_len(offsets, mod(rank - step - 1, size), seg, segment),
+            sendrecv(link, sending, 2 * _chunk_seg_len(offsets, mod(rank - step - 1, size), seg, segment),
                      right, landing, 2 * n, left, tag)
             (w.last if step == size - 2 else w.hop)(
                 spare, w.src + w.accsize * lo, landing, w.dst + w.accsize * lo, n, w.mul, w.div, w.post)
@@ -159,7 +163,7 @@ cdef int allreduce_wire(MPI_Comm comm, int rank, int size, WireSteps* w, const i
             # decode the one that arrives, and forward that one next
             c = mod(rank - step - 1, size)
             lo, n = offsets[c] + seg * segment, _chunk_seg_len(offsets, c, seg, segment)
-            sendrecv(comm, sending, 2 * _chunk_seg_len(offsets, mod(rank - step, size), seg, segment),
+            sendrecv(link, sending, 2 * _chunk_seg_len(offsets, mod(rank - step, size), seg, segment),
                      right, landing, 2 * n, left, tag)
             w.decode(NULL, NULL, landing, w.dst + w.accsize * lo, n, w.mul, w.div, w.post)
             sending, landing = landing, sending
@@ -226,6 +230,6 @@ cdef int _reduce_scatter_from(TransportBase t, Landing landing, uintptr_t src,
         if t.size == 1:
             memcpy(<void*> dst, <void*> src, offsets[1] - offsets[0])
         else:
-            reduce_scatter(t.comm, t.rank, t.size, landing, <char*> src, &offsets[0], <char*> dst,
+            reduce_scatter(&t.link, t.rank, t.size, landing, <char*> src, &offsets[0], <char*> dst,
                            <char*> work, segment_bytes, <reduce_fn_t> reduce_fn, itemsize, tag)
     return 0

@@ -55,7 +55,7 @@ cdef class Transport(TransportBase):
         """
         check_ring_args(self, offsets.shape[0], segment_bytes, itemsize)
         with nogil:
-            reduce_scatter(self.comm, self.rank, self.size, IN_SCRATCH, <char*> buf, &offsets[0],
+            reduce_scatter(&self.link, self.rank, self.size, IN_SCRATCH, <char*> buf, &offsets[0],
                            NULL, <char*> tmp, segment_bytes, <reduce_fn_t> reduce_fn, itemsize, tag)
 
     def ring_allgather(self, uintptr_t buf, const int64_t[::1] offsets,
@@ -69,14 +69,14 @@ cdef class Transport(TransportBase):
         """
         check_offsets(self, offsets.shape[0], "offsets")
         with nogil:
-            allgather(self.comm, self.rank, self.size, <char*> buf, &offsets[0],
+            allgather(&self.link, self.rank, self.size, <char*> buf, &offsets[0],
                       <char*> own if own else <char*> buf + offsets[self.rank], tag)
 
     def recursive_doubling(self, uintptr_t buf, int64_t nbytes, uintptr_t tmp,
                            uintptr_t reduce_fn, int64_t itemsize, int tag=Tag.RECURSIVE_DOUBLING):
         """Allreduce of a small buffer in log2(N) exchanges; `tmp` must hold nbytes."""
         with nogil:
-            recursive_doubling(self.comm, self.rank, self.size, <char*> buf, nbytes,
+            recursive_doubling(&self.link, self.rank, self.size, <char*> buf, nbytes,
                                <char*> tmp, <reduce_fn_t> reduce_fn, itemsize, tag)
 
     def cycle_exchange(self, uintptr_t block, int64_t vector_words, int64_t capacity,
@@ -131,5 +131,5 @@ cdef class Transport(TransportBase):
         w.encode, w.hop, w.last = <wire_fn_t> encode_fn, <wire_fn_t> hop_fn, <wire_fn_t> last_fn
         w.decode = <wire_fn_t> decode_fn
         with nogil:
-            allreduce_wire(self.comm, self.rank, self.size, &w, &offsets[0], <char*> tmp,
+            allreduce_wire(&self.link, self.rank, self.size, &w, &offsets[0], <char*> tmp,
                            segment, self.wire_roles, tag)

@@ -15,6 +15,7 @@ disagree does the request join the queue like any other. The lean numpy allreduc
 """
 from __future__ import annotations
 
+import atexit
 import logging
 import threading
 import time
@@ -27,16 +28,17 @@ from ..algorithms import broadcast_bytes
 from ..algorithms.collectives import allgather_rows, gather_counts
 from .._core import pool as _pool
 from .._core.compression import Compression
+from .._core.config import FINALIZE_WAIT_SECONDS
 from .._core.dtypes import SUPPORTED, DtypeSpec
 from .._core.errors import FastringError
 from .._core.ops import ReduceOp
 from .._core.work import AllreduceWork, Entry, divider, finalizer, nothing, pack, predivides
-from .._transport import SPECULATION_FAILED, copy_from_array, copy_to_array
+from .._transport import SPECULATION_FAILED, copy_from_array, copy_to_array, exit_unless_gone_within
 from .fusion import Executor
 from .negotiation import (HAS_UNCACHED, LEAVING, LEFT_RANK_SHIFT, NO_PAYLOAD, WANT_REPORT, Negotiation,
                           describe_mismatch, is_clean, leaving_flags, ranks_leaving)
 from .request import Handle, Request
-from .stall import StallReporter, stall_error, stall_interval
+from .stall import DataStallReporter, StallReporter, stall_error, stall_interval
 from .timeline import Timeline
 
 log = logging.getLogger("fastring")
@@ -67,6 +69,14 @@ class Engine:
         self._neg = Negotiation(rt.transport, StallReporter(self.config.stall_check_time,
                                                             self.config.stall_shutdown_time))
         self._executor = Executor(rt, self.timeline, self._complete)
+        # Every wait of the data phase warns and gives up on time too (stall.DataStallReporter);
+        # only a rank with a deadline abandons, so only then can an abandon notice come.
+        t = rt.transport
+        self._data_stall = DataStallReporter(
+            self.config.stall_check_time, self.config.stall_shutdown_time, lambda: self._executor.running,
+            self._neg.check_abandoned if self.config.stall_shutdown_time > 0 and rt.size > 1 else None,
+            self._abandon, lambda interval: t.set_stall(interval, self._data_stall))
+        t.set_stall(self._data_stall.interval, self._data_stall)
 
     # ----------------------------------------------------------------- submission
     def auto_name(self, kind: str) -> str:
@@ -186,6 +196,7 @@ class Engine:
                 else:
                     algorithm = algorithms.choose("allreduce", arr.nbytes, spec, rt=self.rt,
                                                   setting=self.config.algorithm, may_ride_cycle=False)
+                    self._executor.running = (f"allreduce ({algorithm.name})", [name])  # for a stall's message
                     algorithm.run(self.rt, algorithms.Reduction(flat, spec, op, divide,
                                                                 src=None if result is arr else arr.reshape(-1)))
                 return result
@@ -323,9 +334,15 @@ class Engine:
     def _abandon(self, error: BaseException) -> None:
         """A cycle failed here (a stall, an MPI error): fail everything, and tell the other
         ranks, so that one arriving late cannot complete a cycle with what this rank left
-        posted (see Negotiation.check_abandoned)."""
+        posted (see Negotiation.check_abandoned). Also called by the data phase's stall hook."""
+        first = self._broken is None  # one notice per rank, however many waits give up
         self._fail_all(error)
-        self._neg.abandon()
+        if first:
+            self._neg.abandon()
+            if self.rt.size > 1:  # at exit, MPI_Finalize must not wait forever for a stopped rank
+                wait = self.config.stall_shutdown_time + FINALIZE_WAIT_SECONDS
+                atexit.register(exit_unless_gone_within, wait,
+                                f"fastring: rank {self.rt.rank} gave up its collectives ({error})")
 
     def _fail_all(self, error: BaseException, broken: bool = True) -> None:
         if broken:

@@ -26,6 +26,8 @@ class Executor:
         self.complete = complete
         self._fusion = np.empty(0, np.uint8)
         self.residuals = Residuals()  # error feedback by tensor name, least recently used dropped
+        # (what, tensor names) running now: what a data-phase stall names (stall.DataStallReporter)
+        self.running: tuple[str, list[str]] = ("", [])
 
     def phase(self, names) -> algorithms.Phase:
         """The timeline phases of the requests `names`."""
@@ -43,6 +45,7 @@ class Executor:
                 if key[0] == "allreduce":
                     self._run_allreduce(reqs)
                 else:
+                    self.running = (reqs[0].kind, [reqs[0].name])
                     with self.timeline.span(reqs[0].name, reqs[0].kind):
                         result = reqs[0].execute(self.rt)
                     self.complete(reqs[0], result)
@@ -70,6 +73,7 @@ class Executor:
         algorithm = algorithms.choose("allreduce", sum(sizes), work.reduced_spec, device=work.device,
                                       wire=work.compression.wire, rt=self.rt, setting=self.config.algorithm,
                                       may_ride_cycle=False)
+        self.running = (f"allreduce ({algorithm.name})", names)
         if getattr(algorithm, "batched", False):
             results = algorithm.run_batch(self.rt, names, [r.allreduce for r in batch], self.phase(names))
             for r, result in zip(batch, results):

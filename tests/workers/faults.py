@@ -1,0 +1,100 @@
+"""Fault injection: one rank fails in a given way while the others run collectives; the test
+(tests/test_faults.py) checks how the job ends. usage: faults.py CASE
+
+Every rank prints `rank R pid P` first. The failing rank is the last one (V = size - 1).
+
+raise, exit0, exit3: V raises, exits 0 or exits 3 instead of calling the allreduce the others
+    call; the others print `rank R: FastringError after X s: ...` when theirs fails.
+stop_negotiation: V stops itself (SIGSTOP) instead of calling a small allreduce, so the others
+    wait in the negotiation cycle.
+stop_transfer, kill_transfer: the ranks loop over 64 MiB allreduces; after the second, a
+    thread of V stops (SIGSTOP) or kills (SIGKILL) its own process, almost surely while the
+    bytes move (the loop is nearly all transfer).
+late_transfer: V arrives 6 s late at a 64 MiB allreduce.
+join_cpu: rank 0 joins while the others are busy (asleep) for 5 s; rank 0 prints the CPU time
+    (utime + stime) its process used over those 5 s as `join cpu: F` (F: fraction of a core).
+A survivor prints its error, then leaves as the job's other ranks allow (see `leave`)."""
+import os
+import signal
+import sys
+import threading
+import time
+
+import numpy as np
+
+import _common as c
+import fastring
+
+case = sys.argv[1]
+fastring.init()
+N, R = c.SIZE, c.RANK
+V = N - 1
+print(f"rank {R} pid {os.getpid()}", flush=True)
+fastring.allreduce(np.ones(2), name="warmup")  # everyone is up
+big = np.ones((64 << 20) // 4, np.float32)
+
+
+def stop_self_after(done: threading.Event, sig: int) -> None:
+    """From a thread: send this process `sig` once `done` is set (the main thread is then in
+    its next allreduce, whose transfer takes nearly all of each iteration)."""
+    def run():
+        done.wait()
+        time.sleep(0.01)  # into the transfer, not at its first message
+        os.kill(os.getpid(), sig)
+    threading.Thread(target=run, daemon=True).start()
+
+
+def cpu_seconds() -> float:
+    """utime + stime of this process so far (/proc/self/stat, clock ticks)."""
+    with open("/proc/self/stat") as f:
+        fields = f.read().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+if case == "join_cpu":
+    if R == 0:
+        def measure():
+            time.sleep(0.5)  # join's wait has begun; what follows is measured
+            used = cpu_seconds()
+            time.sleep(5)  # the window measured, not a synchronisation
+            print(f"join cpu: {(cpu_seconds() - used) / 5:.3f}", flush=True)
+        meter = threading.Thread(target=measure)
+        meter.start()
+        fastring.join()
+        meter.join()
+    else:
+        time.sleep(6.5)  # busy elsewhere while rank 0 waits in join
+        fastring.join()
+    c.done("join cpu")
+    sys.exit(0)
+
+began = time.monotonic()
+try:
+    if R == V and case == "raise":
+        raise ValueError(f"rank {R} failed on purpose")
+    if R == V and case in ("exit0", "exit3"):
+        sys.exit(0 if case == "exit0" else 3)
+    if R == V and case == "stop_negotiation":
+        print(f"rank {R}: stopping", flush=True)
+        os.kill(os.getpid(), signal.SIGSTOP)
+    if case in ("stop_transfer", "kill_transfer"):
+        second = threading.Event()
+        if R == V:
+            stop_self_after(second, signal.SIGSTOP if case == "stop_transfer" else signal.SIGKILL)
+        for i in range(1000):
+            began = time.monotonic()
+            fastring.allreduce(big, out=big, op=fastring.Max, name=f"big.{i}")
+            if i == 1:
+                second.set()
+        c.fail("1000 allreduces completed although a rank stopped")
+    elif case == "late_transfer":
+        if R == V:
+            time.sleep(6)  # the lateness itself is what is tested
+        began = time.monotonic()
+        fastring.allreduce(big, out=big, name="late_big")
+        c.fail("the allreduce completed although a rank was late")
+    else:
+        fastring.allreduce(np.ones(4), name="small")
+        c.fail("the allreduce completed although a rank failed")
+except fastring.FastringError as e:
+    print(f"rank {R}: FastringError after {time.monotonic() - began:.1f} s: {e}", flush=True)
