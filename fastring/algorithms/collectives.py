@@ -76,6 +76,25 @@ def allgather_rows(rt, src: np.ndarray, counts: np.ndarray, out: np.ndarray) -> 
         rt.transport.ring_allgather(array_address(out), offsets, own=own)
 
 
+def allgather_bytes(rt, data: bytes) -> list[bytes]:
+    """Every rank's `data`, in rank order: the lengths, then the bytes, by the ring (so every
+    wait is the transport's, with its stall deadline).
+
+    Example:
+        >>> import fastring
+        >>> from fastring._core.runtime import runtime
+        >>> fastring.init()
+        >>> allgather_bytes(runtime(), b"abc")   # one rank
+        [b'abc']
+    """
+    mine = np.frombuffer(data, np.uint8)
+    counts = gather_counts(rt, mine.size)
+    out = np.empty(int(counts.sum()), np.uint8)
+    allgather_rows(rt, mine, counts, out)
+    bounds = byte_offsets(counts, 1)
+    return [out[bounds[r]:bounds[r + 1]].tobytes() for r in range(rt.size)]
+
+
 class SingleCopyBroadcast:
     """Every rank on one host: the root writes the leading part of the bytes into each rank
     while every rank reads the rest (Cross Memory Attach), so the root copies too."""

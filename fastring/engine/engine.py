@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import atexit
 import logging
+import pickle
 import threading
 import time
 from typing import Callable
@@ -25,7 +26,7 @@ import numpy as np
 
 from .. import algorithms
 from ..algorithms import broadcast_bytes
-from ..algorithms.collectives import allgather_rows, gather_counts
+from ..algorithms.collectives import allgather_bytes, allgather_rows, gather_counts
 from .._core import pool as _pool
 from .._core.compression import Compression
 from .._core.config import FINALIZE_WAIT_SECONDS
@@ -462,7 +463,9 @@ class Engine:
 
     def _full_negotiation(self, pending: list[Request], speculated, report: bool):
         mine = [(r.name, r.fields) for r in pending if r is not speculated]
-        gathered = self.rt.transport.comm.allgather((mine, self._join_handle is not None))
+        self._executor.running = ("negotiation", [name for name, _ in mine])  # for a stall's message
+        gathered = [pickle.loads(b) for b in allgather_bytes(
+            self.rt, pickle.dumps((mine, self._join_handle is not None)))]
         size = self.rt.size
         joined = {rank for rank, (_, has_joined) in enumerate(gathered) if has_joined}
         self._note_joins(joined)
