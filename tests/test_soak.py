@@ -67,7 +67,17 @@ def test_soak_reports_every_failure(mpirun):
         assert "RSS grew" in text and "open files changed" in text and "sabotage" in text, text
 
 
-POOL_GROWTH = r"""
+def _one_rank_figures(script: str) -> dict:
+    """Run `script` in a fresh interpreter (one rank, no launcher); the JSON figures it prints
+    last."""
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=300, cwd=os.path.dirname(__file__))
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout.splitlines()[-1])
+
+
+# What both one-rank scripts start with: fastring, and the resident set.
+PRELUDE = r"""
 import collections, json
 import numpy as np, fastring
 from fastring._core import pool
@@ -76,7 +86,9 @@ from fastring._core.runtime import runtime
 def rss():
     with open("/proc/self/status") as f:
         return next(int(ln.split()[1]) * 1024 for ln in f if ln.startswith("VmRSS:"))
+"""
 
+POOL_GROWTH = PRELUDE + r"""
 fastring.init()
 rng = np.random.default_rng(0)
 # 300 sizes, log-uniform from 64 KiB to 8 MiB (the soak's allgathers of 4 MiB a rank at np=2
@@ -97,22 +109,11 @@ def test_result_pool_stops_growing_after_warmup():
     """One rank (no launcher): 20,000 allreduces of 300 sizes from 64 KiB to 8 MiB, the last 8
     results held; the RSS must grow less than 50 MB after the first 2,000 (the soak's
     criterion)."""
-    proc = subprocess.run([sys.executable, "-c", POOL_GROWTH], capture_output=True, text=True,
-                          timeout=300, cwd=os.path.dirname(__file__))
-    assert proc.returncode == 0, proc.stderr
-    figures = json.loads(proc.stdout.splitlines()[-1])
+    figures = _one_rank_figures(POOL_GROWTH)
     assert figures["growth_mb"] < 50, figures
 
 
-FIELD_DIGESTS = r"""
-import json
-import numpy as np, fastring
-from fastring._core.runtime import runtime
-
-def rss():
-    with open("/proc/self/status") as f:
-        return next(int(ln.split()[1]) * 1024 for ln in f if ln.startswith("VmRSS:"))
-
+FIELD_DIGESTS = PRELUDE + r"""
 fastring.init()
 rng = np.random.default_rng(0)
 for i in range(14_000):
@@ -129,8 +130,5 @@ print(json.dumps({"growth_mb": (rss() - warm) / 1e6,
 def test_field_digest_cache_stops_growing_after_warmup():
     """One rank: 14,000 grouped allreduces of 128 tensors under one name, lengths drawn per
     step; the RSS must grow less than 50 MB after the first 2,000 (the soak's criterion)."""
-    proc = subprocess.run([sys.executable, "-c", FIELD_DIGESTS], capture_output=True, text=True,
-                          timeout=300, cwd=os.path.dirname(__file__))
-    assert proc.returncode == 0, proc.stderr
-    figures = json.loads(proc.stdout.splitlines()[-1])
+    figures = _one_rank_figures(FIELD_DIGESTS)
     assert figures["growth_mb"] < 50, figures

@@ -336,6 +336,16 @@ def identical(i: int, part, got) -> None:
             KEPT.append((i, part, got, digest(got)))
 
 
+def check_input_and_result(i: int, what: str, mode: str, x, original: np.ndarray, result) -> None:
+    """What every call with an `out=` mode ("new", "inplace" or a separate array) owes once its
+    values are checked: the input left alone unless in place, a new result that shares no
+    memory with the input, and the same bits on every rank."""
+    if mode != "inplace":
+        check_untouched(i, what, x, original)
+    if mode == "new":
+        check_fresh(i, what, result, x)
+    identical(i, 0, result)
+
 def exchange_digests() -> None:
     """Compare every recorded digest across ranks (mpi4py, nothing of fastring in flight)."""
     mine = dict(DIGESTS)
@@ -569,11 +579,7 @@ def start(p: dict, asynchronous: bool):
                 if result is not out:
                     TALLY.wrong(i, what, "out= given, but the result is not out")
                 check_reduction(i, what + " (out)", out, inputs, p["op"], p["pre"], p["post"], wire)
-            if p["out"] != "inplace":
-                check_untouched(i, what, x, inputs[R])
-            if p["out"] == "new":
-                check_fresh(i, what, result, x)
-            identical(i, 0, result)
+            check_input_and_result(i, what, p["out"], x, inputs[R], result)
         return finish
 
     if kind == "grouped":
@@ -625,11 +631,7 @@ def start(p: dict, asynchronous: bool):
             check_bytes(i, what, result, inputs[p["root"]])
             if out is not None:
                 check_bytes(i, what + " (out)", out, inputs[p["root"]])
-            if p["out"] != "inplace":
-                check_untouched(i, what, x, inputs[R])
-            if p["out"] == "new":
-                check_fresh(i, what, result, x)
-            identical(i, 0, result)
+            check_input_and_result(i, what, p["out"], x, inputs[R], result)
         return finish
 
     if kind == "alltoall":
