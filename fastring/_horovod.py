@@ -5,7 +5,8 @@ the adapters to come), so that each adapter only converts its tensors:
 - `op=` beside the deprecated `average=` (`horovod_op`), `Adasum`;
 - names prefixed by the collective's kind, as Horovod does ("allreduce.<name>"), so that one
   user name may be used by different collectives at the same time (`full_name`);
-- `process_set=` (`ProcessSet`, `global_process_set`, `check_process_set`);
+- `process_set=` (`ProcessSet`, `global_process_set`, `add_process_set`, `remove_process_set`:
+  the core's, passed through);
 - Horovod-shaped custom compressors (`compress(t) -> (t, ctx)` / `decompress(t, ctx)`),
   applied around a core call, beside the core's own `Compression` (`compressed`).
 
@@ -40,26 +41,8 @@ ADASUM_UNSUPPORTED = ("op=Adasum is not implemented by fastring; use op=hvd.Aver
                       "default, Horovod's usual gradient averaging) or op=hvd.Sum")
 
 
-class ProcessSet:
-    """Horovod's process sets; fastring runs every collective on all ranks, so the only one is
-    `global_process_set`, accepted wherever Horovod takes `process_set=`."""
-
-    process_set_id = 0
-
-    def rank(self) -> int:
-        return fastring.rank()
-
-    def size(self) -> int:
-        return fastring.size()
-
-    def included(self) -> bool:
-        return True
-
-    def __repr__(self) -> str:
-        return "global_process_set"
-
-
-global_process_set = ProcessSet()
+ProcessSet, global_process_set = fastring.ProcessSet, fastring.global_process_set
+add_process_set, remove_process_set = fastring.add_process_set, fastring.remove_process_set
 
 
 def init(comm=None, process_sets=None) -> None:
@@ -71,12 +54,10 @@ def init(comm=None, process_sets=None) -> None:
         >>> hvd.size() >= 1
         True
     """
-    if process_sets not in (None, [], ()):
-        raise NotImplementedError("fastring supports only the global process set")
     if comm is not None and not isinstance(comm, MPI.Comm):
         raise NotImplementedError("init(comm=) takes an mpi4py communicator; lists of ranks are "
                                   "not supported (build the communicator with mpi4py)")
-    fastring.init(comm)
+    fastring.init(comm, process_sets=process_sets)
 
 
 def mpi_threads_supported() -> bool:
@@ -139,13 +120,6 @@ def full_name(kind: str, name):
     """Horovod's full name of a collective: the user's name behind the collective's kind (None
     stays None: the core numbers unnamed collectives alike on every rank)."""
     return f"{kind}.{name}" if isinstance(name, str) else name
-
-
-def check_process_set(process_set) -> None:
-    """NotImplementedError unless `process_set` is the global one (or None)."""
-    if process_set is not global_process_set and process_set is not None:
-        raise NotImplementedError("fastring runs collectives on all ranks only: process_set must "
-                                  "be global_process_set")
 
 
 def is_native(compression) -> bool:

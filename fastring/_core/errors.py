@@ -12,3 +12,18 @@ class FastringError(RuntimeError):
         ...     print(type(e).__name__)
         FastringError
     """
+
+
+class HostsUpdatedInterrupt(RuntimeError):
+    """Horovod's signal, in elastic training, that the set of hosts changed. fastring runs a
+    fixed set of ranks and never raises it; it exists so that code written for Horovod
+    (`except hvd.HostsUpdatedInterrupt:`) runs unchanged.
+
+    Example:
+        >>> issubclass(HostsUpdatedInterrupt, RuntimeError)
+        True
+    """
+
+    def __init__(self, skip_sync: bool = False):
+        super().__init__("the hosts of the job were updated")
+        self.skip_sync = skip_sync

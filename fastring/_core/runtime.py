@@ -35,6 +35,12 @@ class Runtime:
         self._scratch = np.empty(0, np.uint8)
         # The engine sits above this layer: api.process builds it and hangs it here.
         self.engine = None
+        # Process sets (fastring.api.process_sets): on the global Runtime, id -> (ProcessSet,
+        # the set's own Runtime, None where this rank is not a member); on a set's Runtime,
+        # its members' global ranks (None: this is the global Runtime).
+        self.process_sets: dict = {}
+        self.next_process_set_id = 0
+        self.world_ranks: list[int] | None = None
 
     def scratch(self, nbytes: int) -> np.ndarray:
         """A reusable byte buffer of at least `nbytes` (grown, never shrunk)."""

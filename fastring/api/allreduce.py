@@ -13,10 +13,11 @@ from .._core.compression import Compression, Compressor, as_compressor
 from .._core.device import is_device_tensor
 from .._core.dtypes import SUPPORTED, DtypeSpec, spec_of
 from .._core.ops import OP_NAMES, ReduceOp, as_reduce_op
-from .._core.runtime import runtime
+from .._core.runtime import Runtime
 from .._core.tensor import as_array, like
 from .._core.work import AllreduceWork, Entry
 from ..engine import Handle, Request
+from .process_sets import global_rank, runtime_of
 from .validation import check_op_for_dtype, entry, factor, is_automatic, request_name
 
 Average, Sum, Min, Max, Product = (ReduceOp.Average, ReduceOp.Sum, ReduceOp.Min,
@@ -48,7 +49,7 @@ def _fields(kind: str, spec: DtypeSpec, shapes: tuple, op: ReduceOp, prescale: f
 _PLANS: dict[tuple, tuple] = {}
 
 
-def _lone_allreduce(arr: np.ndarray, op: ReduceOp, name: str | None, out: np.ndarray | None):
+def _lone_allreduce(rt: Runtime, arr: np.ndarray, op: ReduceOp, name: str | None, out: np.ndarray | None):
     """The lean path of a plain (no compression, no scale factors) numpy allreduce: the
     engine runs it without building a Request when nothing else is queued.
     Returns None where the general path must take the call (it also raises any errors)."""
@@ -63,14 +64,13 @@ def _lone_allreduce(arr: np.ndarray, op: ReduceOp, name: str | None, out: np.nda
             _PLANS[key] = plan
 
     def request(assigned: str) -> Request:
-        return _allreduce_request("allreduce", [arr], [out], op, assigned,
+        return _allreduce_request(rt, "allreduce", [arr], [out], op, assigned,
                                   Compression.none, 1.0, 1.0, grouped=False)[1]
-    return runtime().engine.lone_allreduce(arr, plan[0], op, name, plan[1], out, request)
+    return rt.engine.lone_allreduce(arr, plan[0], op, name, plan[1], out, request)
 
 
-def _allreduce_request(kind: str, tensors: Sequence, outs: Sequence, op, name, compression,
+def _allreduce_request(rt: Runtime, kind: str, tensors: Sequence, outs: Sequence, op, name, compression,
                        prescale_factor, postscale_factor, grouped: bool) -> tuple:
-    rt = runtime()
     name = request_name(rt, kind, name)
     compressor = compression if compression is Compression.none else as_compressor(compression)
     op = as_reduce_op(op)
@@ -110,7 +110,7 @@ def _allreduce_request(kind: str, tensors: Sequence, outs: Sequence, op, name, c
 
 def allreduce_async(tensor, op: ReduceOp = ReduceOp.Average, *, name: str | None = None,
                     compression: Compressor = Compression.none, prescale_factor: float = 1.0,
-                    postscale_factor: float = 1.0, out=None) -> Handle:
+                    postscale_factor: float = 1.0, out=None, process_set=None) -> Handle:
     """Start an allreduce and return its Handle; `handle.wait()` gives what `allreduce` would.
 
     The tensor (and `out`) must not be modified until the handle completes.
@@ -122,15 +122,15 @@ def allreduce_async(tensor, op: ReduceOp = ReduceOp.Average, *, name: str | None
         >>> fastring.synchronize(h)
         array([1., 1., 1.])
     """
-    engine, request = _allreduce_request("allreduce", [tensor], [out], op, name, compression,
-                                         prescale_factor, postscale_factor, grouped=False)
+    engine, request = _allreduce_request(runtime_of(process_set), "allreduce", [tensor], [out], op, name,
+                                         compression, prescale_factor, postscale_factor, grouped=False)
     return engine.submit(request)
 
 
 def allreduce(tensor, op: ReduceOp = ReduceOp.Average, *, name: str | None = None,
               compression: Compressor = Compression.none, prescale_factor: float = 1.0,
-              postscale_factor: float = 1.0, out=None):
-    """Reduce `tensor` over all ranks; every rank receives the bitwise-identical result.
+              postscale_factor: float = 1.0, out=None, process_set=None):
+    """Reduce `tensor` over all ranks (of `process_set`, default every rank); every rank receives the bitwise-identical result.
 
     The result has the caller's framework type, dtype and shape. `out=` writes into the given
     tensor (in place when `out is tensor`); the input is otherwise left untouched.
@@ -150,17 +150,19 @@ def allreduce(tensor, op: ReduceOp = ReduceOp.Average, *, name: str | None = Non
             and type(prescale_factor) is float and prescale_factor == 1.0
             and type(postscale_factor) is float and postscale_factor == 1.0
             and (out is None or out is tensor or not np.may_share_memory(out, tensor))):
-        result = _lone_allreduce(tensor, op, name, out)
+        rt = runtime_of(process_set)
+        result = _lone_allreduce(rt, tensor, op, name, out)
         if result is not None:
             return result
-    engine, request = _allreduce_request("allreduce", [tensor], [out], op, name, compression,
-                                         prescale_factor, postscale_factor, grouped=False)
+    engine, request = _allreduce_request(runtime_of(process_set), "allreduce", [tensor], [out], op, name,
+                                         compression, prescale_factor, postscale_factor, grouped=False)
     return engine.run(request)
 
 
 def grouped_allreduce_async(tensors: Sequence, op: ReduceOp = ReduceOp.Average, *,
                             name: str | None = None, compression: Compressor = Compression.none,
-                            prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> Handle:
+                            prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                            process_set=None) -> Handle:
     """Start one fused allreduce of a list of tensors (one dtype); the handle returns a list.
 
     Example:
@@ -170,14 +172,15 @@ def grouped_allreduce_async(tensors: Sequence, op: ReduceOp = ReduceOp.Average, 
         [array([1., 1.]), array([0., 0., 0.])]
     """
     tensors = _tensor_list(tensors)
-    engine, request = _allreduce_request("grouped_allreduce", tensors, [None] * len(tensors), op, name,
-                                         compression, prescale_factor, postscale_factor, grouped=True)
+    engine, request = _allreduce_request(runtime_of(process_set), "grouped_allreduce", tensors,
+                                         [None] * len(tensors), op, name, compression, prescale_factor,
+                                         postscale_factor, grouped=True)
     return engine.submit(request)
 
 
 def grouped_allreduce(tensors: Sequence, op: ReduceOp = ReduceOp.Average, *, name: str | None = None,
                       compression: Compressor = Compression.none, prescale_factor: float = 1.0,
-                      postscale_factor: float = 1.0) -> list:
+                      postscale_factor: float = 1.0, process_set=None) -> list:
     """Allreduce a list of tensors (one dtype) as one fused operation; returns a list.
 
     Example:
@@ -187,8 +190,9 @@ def grouped_allreduce(tensors: Sequence, op: ReduceOp = ReduceOp.Average, *, nam
         [array([1., 1.]), array([1.])]
     """
     tensors = _tensor_list(tensors)
-    engine, request = _allreduce_request("grouped_allreduce", tensors, [None] * len(tensors), op, name,
-                                         compression, prescale_factor, postscale_factor, grouped=True)
+    engine, request = _allreduce_request(runtime_of(process_set), "grouped_allreduce", tensors,
+                                         [None] * len(tensors), op, name, compression, prescale_factor,
+                                         postscale_factor, grouped=True)
     return engine.run(request)
 
 
@@ -228,17 +232,18 @@ def poll(handle: Handle) -> bool:
     return handle.done()
 
 
-def join() -> int:
-    """Declare that this rank has no more data: until every rank has called join, it takes
-    part in the other ranks' allreduces with zeros (Average still divides by the full size).
-    Returns the rank that joined last.
+def join(process_set=None) -> int:
+    """Declare that this rank has no more data: until every rank (of `process_set`) has
+    called join, it takes part in the other ranks' allreduces with zeros (Average still
+    divides by the full size). Returns the (global) rank that joined last.
 
     Example:
         >>> import fastring
         >>> fastring.init(); fastring.join()   # on 1 rank
         0
     """
-    return runtime().engine.join()
+    rt = runtime_of(process_set)
+    return global_rank(rt, rt.engine.join())
 
 
 def start_timeline(path: str) -> None:
@@ -250,7 +255,7 @@ def start_timeline(path: str) -> None:
         >>> fastring.init()
         >>> fastring.start_timeline("/tmp/fastring-timeline.json"); fastring.stop_timeline()
     """
-    runtime().engine.timeline.start(path)
+    runtime_of(None).engine.timeline.start(path)
 
 
 def stop_timeline() -> None:
@@ -260,4 +265,4 @@ def stop_timeline() -> None:
         >>> import fastring
         >>> fastring.init(); fastring.stop_timeline()   # nothing recorded: writes nothing
     """
-    runtime().engine.timeline.stop()
+    runtime_of(None).engine.timeline.stop()

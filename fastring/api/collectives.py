@@ -1,7 +1,8 @@
 """The collectives besides allreduce (README.md, "The API in brief"): allgather, broadcast,
 alltoall, reducescatter, barrier and the object forms.
 
-Each is one Request for the engine, built by one `_<op>_request` function that both the
+Each takes `process_set=` (fastring.api.process_sets; None: every rank) and is one Request
+for that set's engine, built by one `_<op>_request` function that both the
 synchronous form (`engine.run`) and the `_async` form (`engine.submit`) use. Arguments are
 checked at call time (ValueError/TypeError on the calling rank); what only the ranks together
 can check (dtype, trailing dimensions, root rank, op, scale factors) goes into the request's
@@ -20,7 +21,7 @@ from .._core import pool as _pool
 from .._core.dtypes import DtypeSpec, spec_of
 from .._core.errors import FastringError
 from .._core.ops import ReduceOp, as_reduce_op
-from .._core.runtime import Runtime, runtime
+from .._core.runtime import Runtime
 from .._core.tensor import as_array, like
 from .._core.work import AllreduceWork
 from .._transport import is_c_contiguous
@@ -28,6 +29,7 @@ from ..algorithms import broadcast_bytes
 from ..algorithms.collectives import (allgather_rows, alltoall_rows, byte_offsets, gather_counts,
                                       reduce_scatter_rows)
 from ..engine import Engine, Handle, Request
+from .process_sets import runtime_of, set_rank
 from .validation import check_op_for_dtype, entry, factor, request_name
 
 try:
@@ -55,18 +57,19 @@ def _rows_array(tensor, kind: str) -> tuple[np.ndarray, DtypeSpec]:
     return arr, spec
 
 
-def _root(root_rank, size: int) -> int:
+def _root(root_rank, rt: Runtime) -> int:
+    """The root's rank in `rt`'s communicator (root_rank is global: see process_sets)."""
     if isinstance(root_rank, bool) or not isinstance(root_rank, numbers.Integral):
         raise TypeError(f"root_rank must be an integer, got {type(root_rank).__name__}")
     root = int(root_rank)
-    if not 0 <= root < size:
-        raise ValueError(f"root_rank {root} is outside [0, {size}): there are {size} ranks")
-    return root
+    if rt.world_ranks is None and not 0 <= root < rt.size:
+        raise ValueError(f"root_rank {root} is outside [0, {rt.size}): there are {rt.size} ranks")
+    return set_rank(rt, root, "root_rank")
 
 
 # ----------------------------------------------------------------- allgather
-def _allgather_request(tensor, name) -> tuple[Engine, Request]:
-    rt = runtime()
+def _allgather_request(tensor, name, process_set) -> tuple[Engine, Request]:
+    rt = runtime_of(process_set)
     name = request_name(rt, "allgather", name)
     arr, spec = _rows_array(tensor, "allgather")
 
@@ -80,7 +83,7 @@ def _allgather_request(tensor, name) -> tuple[Engine, Request]:
     return _request(rt, "allgather", name, fields, arr.nbytes, execute)
 
 
-def allgather_async(tensor, *, name: str | None = None) -> Handle:
+def allgather_async(tensor, *, name: str | None = None, process_set=None) -> Handle:
     """Start an allgather and return its Handle; `handle.wait()` gives what `allgather` would.
 
     The tensor must not be modified until the handle completes.
@@ -91,11 +94,11 @@ def allgather_async(tensor, *, name: str | None = None) -> Handle:
         >>> fastring.allgather_async(np.arange(2), name="ids").wait()   # on 1 rank
         array([0, 1])
     """
-    engine, request = _allgather_request(tensor, name)
+    engine, request = _allgather_request(tensor, name, process_set)
     return engine.submit(request)
 
 
-def allgather(tensor, *, name: str | None = None):
+def allgather(tensor, *, name: str | None = None, process_set=None):
     """Concatenate every rank's tensor along dimension 0, in rank order.
 
     Dimension 0 may differ between ranks; the other dimensions and the dtype must agree (a
@@ -108,15 +111,15 @@ def allgather(tensor, *, name: str | None = None):
         >>> fastring.allgather(np.ones((2, 3), np.float32)).shape   # (2 * size, 3)
         (2, 3)
     """
-    engine, request = _allgather_request(tensor, name)
+    engine, request = _allgather_request(tensor, name, process_set)
     return engine.run(request)
 
 
 # ----------------------------------------------------------------- broadcast
-def _broadcast_request(tensor, root_rank, name, out) -> tuple[Engine, Request]:
-    rt = runtime()
+def _broadcast_request(tensor, root_rank, name, out, process_set) -> tuple[Engine, Request]:
+    rt = runtime_of(process_set)
     name = request_name(rt, "broadcast", name)
-    root = _root(root_rank, rt.size)
+    root = _root(root_rank, rt)
     arr = as_array(tensor)
     spec = spec_of(arr.dtype)
     e = entry(tensor, arr, out)
@@ -139,7 +142,8 @@ def _broadcast_request(tensor, root_rank, name, out) -> tuple[Engine, Request]:
     return _request(rt, "broadcast", name, fields, arr.nbytes, execute)
 
 
-def broadcast_async(tensor, root_rank: int, *, name: str | None = None, out=None) -> Handle:
+def broadcast_async(tensor, root_rank: int, *, name: str | None = None, out=None,
+                    process_set=None) -> Handle:
     """Start a broadcast and return its Handle; `handle.wait()` gives what `broadcast` would.
 
     The tensor (and `out`) must not be used until the handle completes.
@@ -150,11 +154,11 @@ def broadcast_async(tensor, root_rank: int, *, name: str | None = None, out=None
         >>> fastring.broadcast_async(np.arange(3.0), 0, name="w").wait()
         array([0., 1., 2.])
     """
-    engine, request = _broadcast_request(tensor, root_rank, name, out)
+    engine, request = _broadcast_request(tensor, root_rank, name, out, process_set)
     return engine.submit(request)
 
 
-def broadcast(tensor, root_rank: int, *, name: str | None = None, out=None):
+def broadcast(tensor, root_rank: int, *, name: str | None = None, out=None, process_set=None):
     """Every rank receives `root_rank`'s tensor, bitwise identical, as its framework's type.
 
     Every rank passes a tensor of the same shape and dtype (a mismatch, or different
@@ -169,7 +173,7 @@ def broadcast(tensor, root_rank: int, *, name: str | None = None, out=None):
         >>> fastring.broadcast(w, root_rank=0, out=w)   # every rank now holds rank 0's w
         array([0., 0., 0.])
     """
-    engine, request = _broadcast_request(tensor, root_rank, name, out)
+    engine, request = _broadcast_request(tensor, root_rank, name, out, process_set)
     return engine.run(request)
 
 
@@ -204,8 +208,8 @@ def _send_rows(splits, dim0: int, size: int) -> np.ndarray:
     return rows
 
 
-def _alltoall_request(tensor, splits, name) -> tuple[Engine, Request]:
-    rt = runtime()
+def _alltoall_request(tensor, splits, name, process_set) -> tuple[Engine, Request]:
+    rt = runtime_of(process_set)
     name = request_name(rt, "alltoall", name)
     arr, spec = _rows_array(tensor, "alltoall")
     send_rows = _send_rows(splits, arr.shape[0], rt.size)
@@ -221,7 +225,7 @@ def _alltoall_request(tensor, splits, name) -> tuple[Engine, Request]:
     return _request(rt, "alltoall", name, fields, arr.nbytes, execute)
 
 
-def alltoall_async(tensor, splits=None, *, name: str | None = None) -> Handle:
+def alltoall_async(tensor, splits=None, *, name: str | None = None, process_set=None) -> Handle:
     """Start an alltoall and return its Handle; `handle.wait()` gives what `alltoall` would.
 
     The tensor must not be modified until the handle completes.
@@ -233,11 +237,11 @@ def alltoall_async(tensor, splits=None, *, name: str | None = None) -> Handle:
         >>> out, got
         (array([0, 1]), array([2], dtype=int32))
     """
-    engine, request = _alltoall_request(tensor, splits, name)
+    engine, request = _alltoall_request(tensor, splits, name, process_set)
     return engine.submit(request)
 
 
-def alltoall(tensor, splits=None, *, name: str | None = None):
+def alltoall(tensor, splits=None, *, name: str | None = None, process_set=None):
     """Send rows of `tensor` to every rank and receive theirs, concatenated in rank order.
 
     With `splits` (a 1-D int32 tensor, or a list of ints, one entry per rank, summing to at
@@ -254,13 +258,13 @@ def alltoall(tensor, splits=None, *, name: str | None = None):
         >>> fastring.alltoall(np.arange(4) + 10 * fastring.rank())   # on 1 rank
         array([0, 1, 2, 3])
     """
-    engine, request = _alltoall_request(tensor, splits, name)
+    engine, request = _alltoall_request(tensor, splits, name, process_set)
     return engine.run(request)
 
 
 # ----------------------------------------------------------------- reducescatter
-def _reducescatter_request(tensor, op, name, prescale_factor, postscale_factor) -> tuple[Engine, Request]:
-    rt = runtime()
+def _reducescatter_request(tensor, op, name, prescale_factor, postscale_factor, process_set) -> tuple[Engine, Request]:
+    rt = runtime_of(process_set)
     op = as_reduce_op(op)
     prescale = factor(prescale_factor, "prescale_factor")
     postscale = factor(postscale_factor, "postscale_factor")
@@ -279,7 +283,8 @@ def _reducescatter_request(tensor, op, name, prescale_factor, postscale_factor) 
 
 
 def reducescatter_async(tensor, op: ReduceOp = ReduceOp.Average, *, name: str | None = None,
-                        prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> Handle:
+                        prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                        process_set=None) -> Handle:
     """Start a reducescatter and return its Handle; `handle.wait()` gives what `reducescatter`
     would. The tensor must not be modified until the handle completes.
 
@@ -289,12 +294,12 @@ def reducescatter_async(tensor, op: ReduceOp = ReduceOp.Average, *, name: str | 
         >>> fastring.reducescatter_async(np.ones(4), op=fastring.Sum).wait()   # on 1 rank
         array([1., 1., 1., 1.])
     """
-    engine, request = _reducescatter_request(tensor, op, name, prescale_factor, postscale_factor)
+    engine, request = _reducescatter_request(tensor, op, name, prescale_factor, postscale_factor, process_set)
     return engine.submit(request)
 
 
 def reducescatter(tensor, op: ReduceOp = ReduceOp.Average, *, name: str | None = None,
-                  prescale_factor: float = 1.0, postscale_factor: float = 1.0):
+                  prescale_factor: float = 1.0, postscale_factor: float = 1.0, process_set=None):
     """Reduce `tensor` over all ranks and give each rank its slice of dimension 0.
 
     With d0 rows and N ranks, rank r receives d0 // N rows, plus one if r < d0 % N, in rank
@@ -311,12 +316,12 @@ def reducescatter(tensor, op: ReduceOp = ReduceOp.Average, *, name: str | None =
                [2., 3.],
                [4., 5.]])
     """
-    engine, request = _reducescatter_request(tensor, op, name, prescale_factor, postscale_factor)
+    engine, request = _reducescatter_request(tensor, op, name, prescale_factor, postscale_factor, process_set)
     return engine.run(request)
 
 
 # ----------------------------------------------------------------- barrier and objects
-def barrier() -> None:
+def barrier(process_set=None) -> None:
     """Return only once every rank has called barrier (after the collectives each submitted
     before it have been negotiated).
 
@@ -325,7 +330,7 @@ def barrier() -> None:
         >>> fastring.init()
         >>> fastring.barrier()
     """
-    rt = runtime()
+    rt = runtime_of(process_set)
     name = request_name(rt, "barrier", None)
     engine, request = _request(rt, "barrier", name, (), 0, lambda r: r.transport.barrier())
     engine.run(request)
@@ -346,7 +351,7 @@ def _length(word: int) -> int:
     return word if word >= 0 else -1 - word
 
 
-def broadcast_object(obj: Any, root_rank: int = 0, name: str | None = None) -> Any:
+def broadcast_object(obj: Any, root_rank: int = 0, name: str | None = None, process_set=None) -> Any:
     """Every rank receives a copy of `root_rank`'s picklable object (cloudpickle when it is
     installed, else pickle); the root gets `obj` itself. Its size travels first, then its
     bytes. If the root cannot pickle it, every rank raises FastringError with the reason.
@@ -357,9 +362,9 @@ def broadcast_object(obj: Any, root_rank: int = 0, name: str | None = None) -> A
         >>> fastring.broadcast_object({"epoch": 3} if fastring.rank() == 0 else None)
         {'epoch': 3}
     """
-    rt = runtime()
+    rt = runtime_of(process_set)
     name = request_name(rt, "broadcast_object", name)
-    root = _root(root_rank, rt.size)
+    root = _root(root_rank, rt)
 
     def execute(rt: Runtime):
         header = np.zeros(1, np.int64)
@@ -380,7 +385,7 @@ def broadcast_object(obj: Any, root_rank: int = 0, name: str | None = None) -> A
     return engine.run(request)
 
 
-def allgather_object(obj: Any, name: str | None = None) -> list:
+def allgather_object(obj: Any, name: str | None = None, process_set=None) -> list:
     """A list of every rank's picklable object (copies), in rank order. Sizes travel first,
     then the bytes (cloudpickle when installed, else pickle). If any rank cannot pickle its
     object, every rank raises FastringError naming those ranks and the reasons.
@@ -391,7 +396,7 @@ def allgather_object(obj: Any, name: str | None = None) -> list:
         >>> fastring.allgather_object({"rank": fastring.rank()})   # on 1 rank
         [{'rank': 0}]
     """
-    rt = runtime()
+    rt = runtime_of(process_set)
     name = request_name(rt, "allgather_object", name)
 
     def execute(rt: Runtime):

@@ -11,16 +11,19 @@ from .._core.runtime import Runtime, current, install, log, runtime
 from .._transport import Transport
 from ..algorithms import check_setting
 from ..engine import Engine
+from .process_sets import forget_all, register_initial
 
 
 _atexit_registered = False
 
 
-def init(comm: MPI.Comm | None = None) -> None:
+def init(comm: MPI.Comm | None = None, process_sets=None) -> None:
     """Start fastring on `comm` (default MPI.COMM_WORLD). Calling it again does nothing.
 
     A plain `python script.py` is a world of size 1; under `fastring-run -np N` (or any MPI
-    launcher) every rank must call init.
+    launcher) every rank must call init. `process_sets`: a list of `ProcessSet` to register
+    at once (as `add_process_set` would, in order, on every rank); Horovod's "dynamic" is
+    accepted too (fastring's sets may always be added later).
 
     Example:
         >>> import fastring
@@ -47,6 +50,7 @@ def init(comm: MPI.Comm | None = None) -> None:
         # cycles their peers still expect and write the timeline.
         atexit.register(shutdown)
         _atexit_registered = True
+    register_initial(process_sets)
 
 
 def shutdown() -> None:
@@ -59,6 +63,7 @@ def shutdown() -> None:
     """
     rt = current()
     if rt is not None:
+        forget_all(rt)
         rt.close()
         install(None)
 

@@ -8,7 +8,7 @@ import torch
 
 import fastring
 
-from fastring._horovod import check_process_set, full_name, global_process_set
+from fastring._horovod import full_name, global_process_set
 
 from .mpi_ops import broadcast_async_, rank, synchronize
 
@@ -29,8 +29,9 @@ def wait_all(handles: Iterable) -> list:
     return results
 
 
-def broadcast_parameters(params, root_rank: int) -> None:
-    """Overwrite parameters (and buffers) on every rank with `root_rank`'s, in place.
+def broadcast_parameters(params, root_rank: int, *, process_set=global_process_set) -> None:
+    """Overwrite parameters (and buffers) on every rank (of `process_set`) with `root_rank`'s,
+    in place.
 
     `params` is a `model.state_dict()` (broadcast in key order), a list or iterator of
     `(name, tensor)` pairs such as `model.named_parameters()`, or of plain tensors.
@@ -47,7 +48,7 @@ def broadcast_parameters(params, root_rank: int) -> None:
         items = [p if isinstance(p, tuple) else (None, p) for p in params]
     else:
         raise ValueError(f"invalid params of type: {type(params).__name__}")
-    wait_all([broadcast_async_(p, root_rank, name) for name, p in items])
+    wait_all([broadcast_async_(p, root_rank, name, process_set) for name, p in items])
 
 
 class _TensorSlot:
@@ -74,7 +75,30 @@ def _layout(optimizer) -> tuple:
     return options, counts, state
 
 
-def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int) -> None:
+def _initialize_state(optimizer: torch.optim.Optimizer) -> None:
+    """As Horovod: an optimizer without state yet takes one step of zero gradients (every
+    parameter that requires one gets a zero gradient if it has none), so that its state exists
+    and has its shapes. The parameters are put back as they were (a zero gradient still moves
+    them under weight decay). The wrapped class's own step runs, never a DistributedOptimizer's
+    (whose allreduces the other ranks would not join). An optimizer whose step cannot run so
+    (L-BFGS wants a closure) keeps no state: it still receives the root's."""
+    params = [p for g in optimizer.param_groups for p in g["params"]]
+    for p in params:
+        if p.requires_grad and p.grad is None:
+            p.grad = torch.zeros_like(p)
+    saved = [p.detach().clone() for p in params]
+    try:
+        getattr(optimizer, "local_step", optimizer.step)()
+    except Exception:  # noqa: BLE001 - e.g. L-BFGS needs a closure: the root's state still comes
+        pass
+    finally:
+        with torch.no_grad():
+            for p, value in zip(params, saved):
+                p.copy_(value)
+
+
+def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int, *,
+                              process_set=global_process_set) -> None:
     """Make every rank's optimizer state and hyperparameters those of `root_rank`.
 
     Tensor state (momentum buffers, Adam's moments and step, ...) is broadcast tensor by
@@ -89,12 +113,14 @@ def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int) 
         >>> opt = torch.optim.Adam(torch.nn.Linear(3, 2).parameters())
         >>> hvd.broadcast_optimizer_state(opt, root_rank=0)
     """
+    if not optimizer.state:
+        _initialize_state(optimizer)
     root = rank() == root_rank
     options, counts, state = broadcast_object(_layout(optimizer) if root else None, root_rank,
-                                              name="optimizer_state.layout")
+                                              name="optimizer_state.layout", process_set=process_set)
     local_counts = [len(g["params"]) for g in optimizer.param_groups]
     problems = allgather_object(None if local_counts == counts else local_counts,
-                                name="optimizer_state.check")
+                                name="optimizer_state.check", process_set=process_set)
     if any(problems):
         raise ValueError("broadcast_optimizer_state: the parameter groups differ between ranks: "
                          + "; ".join(f"rank {r}: {c}" for r, c in enumerate(problems) if c)
@@ -120,7 +146,7 @@ def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int) 
             for k in [k for k in group if k != "params" and k not in opts]:
                 del group[k]
             group.update(opts)
-    wait_all([broadcast_async_(t, root_rank, name) for name, t in tensors])
+    wait_all([broadcast_async_(t, root_rank, name, process_set) for name, t in tensors])
 
 
 def broadcast_object(obj: Any, root_rank: int = 0, name: str | None = None,
@@ -133,8 +159,8 @@ def broadcast_object(obj: Any, root_rank: int = 0, name: str | None = None,
         >>> hvd.broadcast_object({"epoch": 3} if hvd.rank() == 0 else None, root_rank=0)
         {'epoch': 3}
     """
-    check_process_set(process_set)
-    return fastring.broadcast_object(obj, root_rank, name=full_name("broadcast_object", name))
+    return fastring.broadcast_object(obj, root_rank, name=full_name("broadcast_object", name),
+                                     process_set=process_set)
 
 
 def allgather_object(obj: Any, name: str | None = None, process_set=global_process_set) -> list:
@@ -146,5 +172,5 @@ def allgather_object(obj: Any, name: str | None = None, process_set=global_proce
         >>> hvd.allgather_object(hvd.rank())   # on 1 rank
         [0]
     """
-    check_process_set(process_set)
-    return fastring.allgather_object(obj, name=full_name("allgather_object", name))
+    return fastring.allgather_object(obj, name=full_name("allgather_object", name),
+                                     process_set=process_set)

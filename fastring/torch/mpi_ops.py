@@ -2,8 +2,8 @@
 adapted onto the framework-agnostic core (`fastring.allreduce(..., out=)`, `_async` handles).
 
 What this module adds to the core, and nothing else:
-- Horovod's arguments: the deprecated `average=` beside `op=`, `process_set=` (the global one
-  only), in-place `_` variants (the core's `out=tensor`), Horovod-shaped custom compressors;
+- Horovod's arguments: the deprecated `average=` beside `op=`, `process_set=` (passed to the
+  core), in-place `_` variants (the core's `out=tensor`), Horovod-shaped custom compressors;
 - names prefixed by the collective's kind, as Horovod does ("allreduce.<name>"), so that one
   user name may be used by different collectives at the same time;
 - autograd: allreduce, grouped_allreduce, allgather, broadcast, alltoall and reducescatter are
@@ -17,26 +17,29 @@ import torch
 
 import fastring
 from fastring import Compression, FastringError, Handle, ReduceOp
-from fastring._horovod import (Adasum, ProcessSet, ccl_built, check_process_set,
-                               compressed, cuda_built, ddl_built, full_name, gloo_built, gloo_enabled,
+from fastring._horovod import (Adasum, ProcessSet, add_process_set, ccl_built, compressed, cuda_built, ddl_built, full_name, gloo_built, gloo_enabled,
                                global_process_set, horovod_op, init, is_native, mpi_built, mpi_enabled,
-                               mpi_threads_supported, nccl_built, rocm_built)
+                               mpi_threads_supported, nccl_built, remove_process_set, rocm_built)
 
 __all__ = [
     "init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size", "cross_rank",
     "cross_size", "mpi_threads_supported", "mpi_enabled", "mpi_built", "gloo_enabled", "gloo_built",
     "nccl_built", "ddl_built", "ccl_built", "cuda_built", "rocm_built",
     "Average", "Sum", "Min", "Max", "Product", "Adasum", "ReduceOp", "Compression", "FastringError",
-    "ProcessSet", "global_process_set",
+    "ProcessSet", "global_process_set", "add_process_set", "remove_process_set",
     "allreduce", "allreduce_", "allreduce_async", "allreduce_async_",
     "grouped_allreduce", "grouped_allreduce_", "grouped_allreduce_async", "grouped_allreduce_async_",
     "allgather", "allgather_async", "broadcast", "broadcast_", "broadcast_async", "broadcast_async_",
     "alltoall", "alltoall_async", "reducescatter", "reducescatter_async", "barrier", "join",
-    "synchronize", "poll", "start_timeline", "stop_timeline",
+    "synchronize", "poll", "start_timeline", "stop_timeline", "sparse_allreduce_async",
+    "HorovodInternalError", "HostsUpdatedInterrupt",
 ]
 
 Average, Sum, Min, Max, Product = (ReduceOp.Average, ReduceOp.Sum, ReduceOp.Min, ReduceOp.Max,
                                    ReduceOp.Product)
+# Horovod's error names: `except hvd.HorovodInternalError` catches fastring's cross-rank errors.
+HorovodInternalError = fastring.FastringError
+HostsUpdatedInterrupt = fastring.HostsUpdatedInterrupt
 shutdown = fastring.shutdown
 is_initialized = fastring.is_initialized
 rank = fastring.rank
@@ -47,22 +50,31 @@ cross_rank = fastring.cross_rank
 cross_size = fastring.cross_size
 
 
-class _CopyBack:
-    """The handle of an in-place grouped allreduce: waits for the core's grouped allreduce,
-    then writes its results into the caller's tensors and returns them."""
+class _Deferred:
+    """A handle whose result is made from core handles' results once they complete."""
 
-    __slots__ = ("handle", "targets")
+    __slots__ = ("handles", "finish")
 
-    def __init__(self, handle: Handle, targets: list):
-        self.handle, self.targets = handle, targets
+    def __init__(self, handles: list, finish):
+        self.handles, self.finish = handles, finish  # finish(results) -> the result
 
     def done(self) -> bool:
-        return self.handle.done()
+        return all(h.done() for h in self.handles)
 
-    def wait(self) -> list:
-        for target, result in zip(self.targets, self.handle.wait()):
+    def wait(self):
+        return self.finish([h.wait() for h in self.handles])
+
+    __call__ = wait  # Horovod's sparse_allreduce_async returns a function to call
+
+
+def _copy_back(handle: Handle, targets: list) -> _Deferred:
+    """The handle of an in-place grouped collective: the results are written into `targets`,
+    which are returned."""
+    def finish(results):
+        for target, result in zip(targets, results[0]):
             target.copy_(result)
-        return self.targets
+        return targets
+    return _Deferred([handle], finish)
 
 
 def synchronize(handle):
@@ -74,7 +86,7 @@ def synchronize(handle):
         >>> hvd.synchronize(hvd.allreduce_async(torch.ones(2), op=hvd.Sum))   # on 1 rank
         tensor([1., 1.])
     """
-    if isinstance(handle, _CopyBack):
+    if isinstance(handle, _Deferred):
         return handle.wait()
     return fastring.synchronize(handle)
 
@@ -89,7 +101,7 @@ def poll(handle) -> bool:
         >>> h = hvd.allreduce_async(torch.ones(2)); hvd.synchronize(h) is not None and hvd.poll(h)
         True
     """
-    if isinstance(handle, _CopyBack):
+    if isinstance(handle, _Deferred):
         return handle.done()
     return fastring.poll(handle)
 
@@ -100,16 +112,18 @@ class _Allreduce(torch.autograd.Function):
     gradient, as Horovod."""
 
     @staticmethod
-    def forward(ctx, tensor, op, name, compression, prescale_factor, postscale_factor):
-        ctx.scaling = (op, prescale_factor, postscale_factor)
+    def forward(ctx, tensor, op, name, compression, prescale_factor, postscale_factor, process_set):
+        ctx.scaling = (op, prescale_factor, postscale_factor, process_set)
         return fastring.allreduce(tensor, op=op, name=name, compression=compression,
-                                  prescale_factor=prescale_factor, postscale_factor=postscale_factor)
+                                  prescale_factor=prescale_factor, postscale_factor=postscale_factor,
+                                  process_set=process_set)
 
     @staticmethod
     def backward(ctx, grad_output):
-        op, prescale, postscale = ctx.scaling
-        grad = allreduce(grad_output, op=op, prescale_factor=prescale, postscale_factor=postscale)
-        return grad, None, None, None, None, None
+        op, prescale, postscale, process_set = ctx.scaling
+        grad = allreduce(grad_output, op=op, prescale_factor=prescale, postscale_factor=postscale,
+                         process_set=process_set)
+        return grad, None, None, None, None, None, None
 
 
 def allreduce(tensor: torch.Tensor, average: bool | None = None, name: str | None = None,
@@ -128,9 +142,8 @@ def allreduce(tensor: torch.Tensor, average: bool | None = None, name: str | Non
         tensor([1., 3.])
     """
     op = horovod_op(op, average)
-    check_process_set(process_set)
     return compressed(compression, tensor, lambda t, c: _Allreduce.apply(
-        t, op, full_name("allreduce", name), c, prescale_factor, postscale_factor))
+        t, op, full_name("allreduce", name), c, prescale_factor, postscale_factor, process_set))
 
 
 def allreduce_async(tensor: torch.Tensor, average: bool | None = None, name: str | None = None,
@@ -146,9 +159,9 @@ def allreduce_async(tensor: torch.Tensor, average: bool | None = None, name: str
         >>> hvd.synchronize(h)
         tensor([1., 1., 1.])
     """
-    check_process_set(process_set)
     return fastring.allreduce_async(tensor, op=horovod_op(op, average), name=full_name("allreduce", name),
-                                    prescale_factor=prescale_factor, postscale_factor=postscale_factor)
+                                    prescale_factor=prescale_factor, postscale_factor=postscale_factor,
+                                    process_set=process_set)
 
 
 def allreduce_(tensor: torch.Tensor, average: bool | None = None, name: str | None = None,
@@ -163,10 +176,9 @@ def allreduce_(tensor: torch.Tensor, average: bool | None = None, name: str | No
         >>> hvd.allreduce_(t, op=hvd.Sum) is t
         True
     """
-    check_process_set(process_set)
     return fastring.allreduce(tensor, op=horovod_op(op, average), name=full_name("allreduce", name),
                               prescale_factor=prescale_factor, postscale_factor=postscale_factor,
-                              out=tensor)
+                              out=tensor, process_set=process_set)
 
 
 def allreduce_async_(tensor: torch.Tensor, average: bool | None = None, name: str | None = None,
@@ -181,10 +193,9 @@ def allreduce_async_(tensor: torch.Tensor, average: bool | None = None, name: st
         >>> hvd.synchronize(hvd.allreduce_async_(t, name="t")) is t
         True
     """
-    check_process_set(process_set)
     return fastring.allreduce_async(tensor, op=horovod_op(op, average), name=full_name("allreduce", name),
                                     prescale_factor=prescale_factor, postscale_factor=postscale_factor,
-                                    out=tensor)
+                                    out=tensor, process_set=process_set)
 
 
 # ----------------------------------------------------------------- grouped allreduce
@@ -192,18 +203,18 @@ class _GroupedAllreduce(torch.autograd.Function):
     """Forward: the core's grouped (fused) allreduce. Backward: the same of the gradients."""
 
     @staticmethod
-    def forward(ctx, op, name, compression, prescale_factor, postscale_factor, *tensors):
-        ctx.scaling = (op, prescale_factor, postscale_factor)
+    def forward(ctx, op, name, compression, prescale_factor, postscale_factor, process_set, *tensors):
+        ctx.scaling = (op, prescale_factor, postscale_factor, process_set)
         return tuple(fastring.grouped_allreduce(
             list(tensors), op=op, name=name, compression=compression,
-            prescale_factor=prescale_factor, postscale_factor=postscale_factor))
+            prescale_factor=prescale_factor, postscale_factor=postscale_factor, process_set=process_set))
 
     @staticmethod
     def backward(ctx, *grad_outputs):
-        op, prescale, postscale = ctx.scaling
+        op, prescale, postscale, process_set = ctx.scaling
         grads = grouped_allreduce(list(grad_outputs), op=op, prescale_factor=prescale,
-                                  postscale_factor=postscale)
-        return (None,) * 5 + tuple(grads)
+                                  postscale_factor=postscale, process_set=process_set)
+        return (None,) * 6 + tuple(grads)
 
 
 def grouped_allreduce(tensors: Sequence[torch.Tensor], average: bool | None = None,
@@ -220,13 +231,13 @@ def grouped_allreduce(tensors: Sequence[torch.Tensor], average: bool | None = No
         [tensor([1., 1.]), tensor([0.])]
     """
     op = horovod_op(op, average)
-    check_process_set(process_set)
     qualified = full_name("grouped_allreduce", name)
     if is_native(compression):
         return list(_GroupedAllreduce.apply(op, qualified, compression, prescale_factor,
-                                            postscale_factor, *tensors))
+                                            postscale_factor, process_set, *tensors))
     packed, ctxs = zip(*(compression.compress(t) for t in tensors))
-    reduced = _GroupedAllreduce.apply(op, qualified, None, prescale_factor, postscale_factor, *packed)
+    reduced = _GroupedAllreduce.apply(op, qualified, None, prescale_factor, postscale_factor, process_set,
+                                      *packed)
     return [compression.decompress(t, c) for t, c in zip(reduced, ctxs)]
 
 
@@ -241,16 +252,15 @@ def grouped_allreduce_async(tensors: Sequence[torch.Tensor], average: bool | Non
         >>> hvd.synchronize(hvd.grouped_allreduce_async([torch.ones(1), torch.ones(2)]))
         [tensor([1.]), tensor([1., 1.])]
     """
-    check_process_set(process_set)
     return fastring.grouped_allreduce_async(tensors, op=horovod_op(op, average),
                                             name=full_name("grouped_allreduce", name),
                                             prescale_factor=prescale_factor,
-                                            postscale_factor=postscale_factor)
+                                            postscale_factor=postscale_factor, process_set=process_set)
 
 
 def grouped_allreduce_async_(tensors: Sequence[torch.Tensor], average: bool | None = None,
                              name: str | None = None, op=None, prescale_factor: float = 1.0,
-                             postscale_factor: float = 1.0, process_set=global_process_set) -> _CopyBack:
+                             postscale_factor: float = 1.0, process_set=global_process_set) -> _Deferred:
     """Start an in-place grouped allreduce; `synchronize(handle)` returns `tensors`, reduced.
 
     Example:
@@ -262,7 +272,7 @@ def grouped_allreduce_async_(tensors: Sequence[torch.Tensor], average: bool | No
     """
     handle = grouped_allreduce_async(tensors, None, name, horovod_op(op, average), prescale_factor,
                                      postscale_factor, process_set)
-    return _CopyBack(handle, list(tensors))
+    return _copy_back(handle, list(tensors))
 
 
 def grouped_allreduce_(tensors: Sequence[torch.Tensor], average: bool | None = None,
@@ -285,17 +295,18 @@ class _Allgather(torch.autograd.Function):
     """Backward (as Horovod): average the output's gradient over ranks, keep this rank's rows."""
 
     @staticmethod
-    def forward(ctx, tensor, name):
-        result = fastring.allgather(tensor, name=name)
-        ctx.rows = tensor.shape[0]
+    def forward(ctx, tensor, name, process_set):
+        result = fastring.allgather(tensor, name=name, process_set=process_set)
+        ctx.rows, ctx.process_set = tensor.shape[0], process_set
         return result
 
     @staticmethod
     def backward(ctx, grad_output):
-        reduced = allreduce(grad_output, op=Average)
-        rows = fastring.allgather(torch.tensor([ctx.rows], dtype=torch.int64))
-        offset = int(rows[:rank()].sum())
-        return reduced.narrow(0, offset, ctx.rows), None
+        process_set = ctx.process_set
+        reduced = allreduce(grad_output, op=Average, process_set=process_set)
+        rows = fastring.allgather(torch.tensor([ctx.rows], dtype=torch.int64), process_set=process_set)
+        offset = int(rows[:process_set.rank()].sum())
+        return reduced.narrow(0, offset, ctx.rows), None, None
 
 
 def allgather(tensor: torch.Tensor, name: str | None = None,
@@ -309,8 +320,7 @@ def allgather(tensor: torch.Tensor, name: str | None = None,
         >>> hvd.allgather(torch.ones(2, 3)).shape   # (2 * size, 3)
         torch.Size([2, 3])
     """
-    check_process_set(process_set)
-    return _Allgather.apply(tensor, full_name("allgather", name))
+    return _Allgather.apply(tensor, full_name("allgather", name), process_set)
 
 
 def allgather_async(tensor: torch.Tensor, name: str | None = None,
@@ -323,8 +333,7 @@ def allgather_async(tensor: torch.Tensor, name: str | None = None,
         >>> hvd.synchronize(hvd.allgather_async(torch.arange(2)))
         tensor([0, 1])
     """
-    check_process_set(process_set)
-    return fastring.allgather_async(tensor, name=full_name("allgather", name))
+    return fastring.allgather_async(tensor, name=full_name("allgather", name), process_set=process_set)
 
 
 # ----------------------------------------------------------------- broadcast
@@ -332,16 +341,16 @@ class _Broadcast(torch.autograd.Function):
     """Backward (as Horovod): the averaged gradient on the root, zeros elsewhere."""
 
     @staticmethod
-    def forward(ctx, tensor, root_rank, name):
-        ctx.root_rank = root_rank
-        return fastring.broadcast(tensor, root_rank, name=name)
+    def forward(ctx, tensor, root_rank, name, process_set):
+        ctx.root_rank, ctx.process_set = root_rank, process_set
+        return fastring.broadcast(tensor, root_rank, name=name, process_set=process_set)
 
     @staticmethod
     def backward(ctx, grad_output):
-        reduced = allreduce(grad_output, op=Average)
+        reduced = allreduce(grad_output, op=Average, process_set=ctx.process_set)
         if rank() != ctx.root_rank:
             reduced = reduced * 0
-        return reduced, None, None
+        return reduced, None, None, None
 
 
 def broadcast(tensor: torch.Tensor, root_rank: int, name: str | None = None,
@@ -354,8 +363,7 @@ def broadcast(tensor: torch.Tensor, root_rank: int, name: str | None = None,
         >>> hvd.broadcast(torch.tensor([1.0, 2.0]), root_rank=0)
         tensor([1., 2.])
     """
-    check_process_set(process_set)
-    return _Broadcast.apply(tensor, root_rank, full_name("broadcast", name))
+    return _Broadcast.apply(tensor, root_rank, full_name("broadcast", name), process_set)
 
 
 def broadcast_(tensor: torch.Tensor, root_rank: int, name: str | None = None,
@@ -369,8 +377,8 @@ def broadcast_(tensor: torch.Tensor, root_rank: int, name: str | None = None,
         >>> hvd.broadcast_(w, 0) is w
         True
     """
-    check_process_set(process_set)
-    return fastring.broadcast(tensor, root_rank, name=full_name("broadcast", name), out=tensor)
+    return fastring.broadcast(tensor, root_rank, name=full_name("broadcast", name), out=tensor,
+                              process_set=process_set)
 
 
 def broadcast_async(tensor: torch.Tensor, root_rank: int, name: str | None = None,
@@ -383,8 +391,8 @@ def broadcast_async(tensor: torch.Tensor, root_rank: int, name: str | None = Non
         >>> hvd.synchronize(hvd.broadcast_async(torch.ones(1), 0))
         tensor([1.])
     """
-    check_process_set(process_set)
-    return fastring.broadcast_async(tensor, root_rank, name=full_name("broadcast", name))
+    return fastring.broadcast_async(tensor, root_rank, name=full_name("broadcast", name),
+                                    process_set=process_set)
 
 
 def broadcast_async_(tensor: torch.Tensor, root_rank: int, name: str | None = None,
@@ -398,17 +406,17 @@ def broadcast_async_(tensor: torch.Tensor, root_rank: int, name: str | None = No
         >>> hvd.synchronize(hvd.broadcast_async_(w, 0)) is w
         True
     """
-    check_process_set(process_set)
-    return fastring.broadcast_async(tensor, root_rank, name=full_name("broadcast", name), out=tensor)
+    return fastring.broadcast_async(tensor, root_rank, name=full_name("broadcast", name), out=tensor,
+                                    process_set=process_set)
 
 
 # ----------------------------------------------------------------- alltoall
-def _explicit_splits(tensor, splits):
+def _explicit_splits(tensor, splits, process_set):
     """Without splits, Horovod divides dimension 0 equally and still reports the received
     splits; pass the equal splits explicitly when they exist (else the core raises)."""
     if splits is not None or not isinstance(tensor, torch.Tensor) or tensor.dim() == 0:
         return splits
-    n, rows = size(), tensor.shape[0]
+    n, rows = process_set.size() or size(), tensor.shape[0]
     return [rows // n] * n if rows % n == 0 else None
 
 
@@ -416,9 +424,10 @@ class _Alltoall(torch.autograd.Function):
     """Backward (as Horovod): the alltoall of the gradient back along the received splits."""
 
     @staticmethod
-    def forward(ctx, tensor, splits, name):
-        output, received = fastring.alltoall(tensor, _explicit_splits(tensor, splits), name=name)
-        ctx.received, ctx.rows = received, tensor.shape[0]
+    def forward(ctx, tensor, splits, name, process_set):
+        output, received = fastring.alltoall(tensor, _explicit_splits(tensor, splits, process_set), name=name,
+                                             process_set=process_set)
+        ctx.received, ctx.rows, ctx.process_set = received, tensor.shape[0], process_set
         if splits is None:
             return output
         ctx.mark_non_differentiable(received)
@@ -426,10 +435,10 @@ class _Alltoall(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_output, *unused):
-        grad, _ = alltoall(grad_output, splits=ctx.received)
+        grad, _ = alltoall(grad_output, splits=ctx.received, process_set=ctx.process_set)
         if grad.shape[0] < ctx.rows:  # rows beyond sum(splits) were not sent
             grad = torch.cat([grad, grad.new_zeros((ctx.rows - grad.shape[0],) + grad.shape[1:])])
-        return grad, None, None
+        return grad, None, None, None
 
 
 def alltoall(tensor: torch.Tensor, splits=None, name: str | None = None,
@@ -446,8 +455,7 @@ def alltoall(tensor: torch.Tensor, splits=None, name: str | None = None,
         >>> hvd.alltoall(torch.arange(4), splits=torch.tensor([4], dtype=torch.int32))   # 1 rank
         (tensor([0, 1, 2, 3]), tensor([4], dtype=torch.int32))
     """
-    check_process_set(process_set)
-    return _Alltoall.apply(tensor, splits, full_name("alltoall", name))
+    return _Alltoall.apply(tensor, splits, full_name("alltoall", name), process_set)
 
 
 def alltoall_async(tensor: torch.Tensor, splits=None, name: str | None = None,
@@ -460,29 +468,31 @@ def alltoall_async(tensor: torch.Tensor, splits=None, name: str | None = None,
         >>> hvd.synchronize(hvd.alltoall_async(torch.arange(2)))   # on 1 rank
         (tensor([0, 1]), tensor([2], dtype=torch.int32))
     """
-    check_process_set(process_set)
-    return fastring.alltoall_async(tensor, _explicit_splits(tensor, splits), name=full_name("alltoall", name))
+    return fastring.alltoall_async(tensor, _explicit_splits(tensor, splits, process_set),
+                                   name=full_name("alltoall", name), process_set=process_set)
 
 
 # ----------------------------------------------------------------- reducescatter
 class _Reducescatter(torch.autograd.Function):
-    """Backward: each rank's slice gradient, gathered and scaled as the forward scaled it."""
+    """Backward, as Horovod defines it: the allgather of the slices' gradients, times the
+    scale factors, and times the set's size for Sum (Average: times 1). That is size times
+    the gradient of the ranks' summed losses, whatever the op."""
 
     @staticmethod
-    def forward(ctx, tensor, name, op, prescale_factor, postscale_factor):
-        ctx.scaling = (op, prescale_factor * postscale_factor)
+    def forward(ctx, tensor, name, op, prescale_factor, postscale_factor, process_set):
+        ctx.scaling = (op, prescale_factor * postscale_factor, process_set)
         return fastring.reducescatter(tensor, op=op, name=name, prescale_factor=prescale_factor,
-                                      postscale_factor=postscale_factor)
+                                      postscale_factor=postscale_factor, process_set=process_set)
 
     @staticmethod
     def backward(ctx, grad_output):
-        op, scale = ctx.scaling
+        op, scale, process_set = ctx.scaling
         if op not in (Sum, Average):
             raise NotImplementedError(f"the gradient of reducescatter is defined for Sum and "
                                       f"Average, not {ReduceOp(op).name}")
-        if op == Average:
-            scale /= size()
-        return allgather(grad_output) * scale, None, None, None, None
+        if op == Sum:
+            scale *= process_set.size()
+        return allgather(grad_output, process_set=process_set) * scale, None, None, None, None, None
 
 
 def reducescatter(tensor: torch.Tensor, name: str | None = None, compression=Compression.none,
@@ -498,14 +508,13 @@ def reducescatter(tensor: torch.Tensor, name: str | None = None, compression=Com
         torch.Size([4, 2])
     """
     op = horovod_op(op)
-    check_process_set(process_set)
     qualified = full_name("reducescatter", name)
 
     def reduce(t, core_compression):
         # The core's reducescatter takes no compression: cast to the wire format around it.
         wire = _WIRE.get(getattr(core_compression, "wire", None)) if t.is_floating_point() else None
         result = _Reducescatter.apply(t if wire is None else t.to(wire), qualified, op,
-                                      prescale_factor, postscale_factor)
+                                      prescale_factor, postscale_factor, process_set)
         return result if wire is None else result.to(t.dtype)
     return compressed(compression, tensor, reduce)
 
@@ -524,9 +533,43 @@ def reducescatter_async(tensor: torch.Tensor, name: str | None = None, op=Averag
         >>> hvd.synchronize(hvd.reducescatter_async(torch.ones(2), op=hvd.Sum))   # on 1 rank
         tensor([1., 1.])
     """
-    check_process_set(process_set)
     return fastring.reducescatter_async(tensor, op=horovod_op(op), name=full_name("reducescatter", name),
-                                        prescale_factor=prescale_factor, postscale_factor=postscale_factor)
+                                        prescale_factor=prescale_factor, postscale_factor=postscale_factor,
+                                        process_set=process_set)
+
+
+# ----------------------------------------------------------------- sparse allreduce
+def sparse_allreduce_async(tensor: torch.Tensor, name: str, op, process_set=global_process_set) -> _Deferred:
+    """Start the allreduce of a sparse COO tensor as Horovod does it: an allgather of every
+    rank's indices and one of its values; `synchronize(handle)` (or `handle()`) returns the
+    sparse tensor holding them all (duplicate indices are summed when it is coalesced),
+    divided by the set's size for Average. Sum and Average only.
+
+    Example:
+        >>> import torch, fastring.torch as hvd
+        >>> hvd.init()
+        >>> g = torch.sparse_coo_tensor([[1, 3]], [2.0, 4.0], (5,))
+        >>> hvd.synchronize(hvd.sparse_allreduce_async(g, "g", hvd.Sum)).to_dense()   # 1 rank
+        tensor([0., 2., 0., 4., 0.])
+    """
+    if not (isinstance(tensor, torch.Tensor) and tensor.is_sparse):
+        raise TypeError(f"sparse_allreduce_async takes a sparse COO tensor, got "
+                        f"{type(tensor).__name__ if not isinstance(tensor, torch.Tensor) else tensor.layout}")
+    op = horovod_op(op)
+    if op not in (Sum, Average):
+        raise ValueError(f"sparse_allreduce_async supports Sum and Average, not {ReduceOp(op).name}")
+    # Allgather concatenates dimension 0: the indices travel transposed, one row per entry.
+    indices = fastring.allgather_async(tensor._indices().t().contiguous(), name=f"sparse.{name}.indices",
+                                       process_set=process_set)
+    values = fastring.allgather_async(tensor._values().contiguous(), name=f"sparse.{name}.values",
+                                      process_set=process_set)
+
+    def finish(results):
+        gathered_indices, gathered_values = results
+        if op == Average:
+            gathered_values = gathered_values / process_set.size()
+        return torch.sparse_coo_tensor(gathered_indices.t(), gathered_values, tensor.shape)
+    return _Deferred([indices, values], finish)
 
 
 # ----------------------------------------------------------------- synchronization points
@@ -537,11 +580,10 @@ def barrier(process_set=global_process_set) -> None:
         >>> import fastring.torch as hvd
         >>> hvd.init(); hvd.barrier()
     """
-    check_process_set(process_set)
-    fastring.barrier()
+    fastring.barrier(process_set=process_set)
 
 
-def join(device: int = -1) -> int:
+def join(device: int = -1, *, process_set=global_process_set) -> int:
     """Declare that this rank has run out of data; return the rank that joined last.
 
     Until every rank has joined, a joined rank takes part in the others' allreduces with
@@ -554,7 +596,7 @@ def join(device: int = -1) -> int:
         >>> hvd.join()   # on 1 rank
         0
     """
-    return int(fastring.join())
+    return int(fastring.join(process_set=process_set))
 
 
 def start_timeline(file_path: str, mark_cycles: bool = False) -> None:

@@ -16,11 +16,10 @@ import torch
 import fastring
 from fastring import Compression, ReduceOp
 
-from fastring._horovod import (ADASUM_UNSUPPORTED, Adasum, check_process_set, full_name, global_process_set,
-                               is_native)
+from fastring._horovod import (ADASUM_UNSUPPORTED, Adasum, full_name, global_process_set, is_native)
 
 from .functions import wait_all
-from .mpi_ops import Average
+from .mpi_ops import Average, sparse_allreduce_async
 
 __all__ = ["DistributedOptimizer"]
 
@@ -30,15 +29,17 @@ class _DistributedOptimizer:
     class; the first base of the class `DistributedOptimizer` builds."""
 
     def _distribute(self, named: list, compression, backward_passes_per_step: int, op: ReduceOp,
-                    gradient_predivide_factor: float) -> None:
+                    gradient_predivide_factor: float, sparse_as_dense: bool, process_set) -> None:
         self._compression = compression
         self.op = op
         self.gradient_predivide_factor = gradient_predivide_factor
         self.backward_passes_per_step = backward_passes_per_step
+        self.sparse_as_dense = sparse_as_dense
+        self.process_set = process_set
         self._parameter_names = {p: name for name, p in named}
         # On one rank there is nothing to reduce: no hooks, and synchronize() has nothing to do.
         self._requires_update = [p for g in self.param_groups for p in g["params"]
-                                 if p.requires_grad] if fastring.size() > 1 else []
+                                 if p.requires_grad] if process_set.size() > 1 else []
         self._allreduce_delay = {p: backward_passes_per_step for p in self._requires_update}
         self._handles: dict = {}   # parameter -> (handle or None, compression context)
         self._synchronized = False
@@ -67,10 +68,15 @@ class _DistributedOptimizer:
 
     def _allreduce_grad_async(self, p: torch.Tensor) -> tuple:
         """Start the allreduce of p's gradient into itself; a parameter without a gradient on
-        this rank contributes zeros, so that every rank reduces the same names."""
+        this rank contributes zeros, so that every rank reduces the same names. A sparse
+        gradient is reduced as a sparse one (`sparse_allreduce_async`, replacing p.grad at
+        synchronize) unless sparse_as_dense."""
         if p.grad is None:
             p.grad = torch.zeros_like(p)
         elif p.grad.is_sparse:
+            if not self.sparse_as_dense:
+                return sparse_allreduce_async(p.grad, self._parameter_names[p], self.op,
+                                              self.process_set), _SPARSE
             p.grad = p.grad.to_dense()
         prescale, postscale = 1.0, 1.0
         if self.op == Average:  # Horovod splits the averaging around the sum
@@ -82,7 +88,8 @@ class _DistributedOptimizer:
             tensor, ctx = compression.compress(p.grad)
             compression = None
         handle = fastring.allreduce_async(tensor, op=self.op, name=name, compression=compression,
-                                          prescale_factor=prescale, postscale_factor=postscale, out=tensor)
+                                          prescale_factor=prescale, postscale_factor=postscale, out=tensor,
+                                          process_set=self.process_set)
         return handle, ctx
 
     def synchronize(self) -> None:
@@ -98,8 +105,10 @@ class _DistributedOptimizer:
         for p in self._allreduce_delay:
             self._allreduce_delay[p] = self.backward_passes_per_step
         results = wait_all(handle for _, (handle, _) in pending)
-        if not is_native(self._compression):
-            for (p, (_, ctx)), result in zip(pending, results):
+        for (p, (_, ctx)), result in zip(pending, results):
+            if ctx is _SPARSE:
+                p.grad = result
+            elif not is_native(self._compression):
                 p.grad.copy_(self._compression.decompress(result, ctx))
         self._synchronized = True
 
@@ -131,6 +140,10 @@ class _DistributedOptimizer:
         self._synchronized = False
         return super().step(closure)
 
+    def local_step(self, closure=None):
+        """The wrapped optimizer's step alone, on this rank's gradients as they are."""
+        return super().step(closure)
+
     # torch wraps each optimizer class's step once, to run step hooks; the wrapped class's step
     # (called above) already runs them.
     step.hooked = True
@@ -150,6 +163,9 @@ class _DistributedOptimizer:
         self.set_backward_passes_per_step(self.backward_passes_per_step)
         self._synchronized = False
         return super().load_state_dict(state_dict)
+
+
+_SPARSE = object()  # the compression context of a sparse gradient's allreduce
 
 
 def _grad_ready(optimizer_ref, p: torch.Tensor) -> None:
@@ -202,12 +218,16 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
     them (`synchronize()`). Gradients of `backward_passes_per_step` backward passes are summed
     locally before one allreduce. With op=Average, gradients are multiplied by
     1/gradient_predivide_factor before the sum and by gradient_predivide_factor/size after it.
-    `compression=Compression.fp16`/`bf16` sends gradients as 16 bits. `num_groups`, `groups`
-    and `sparse_as_dense` are accepted for Horovod compatibility: the engine fuses whatever
-    is ready anyway, and sparse gradients are always reduced as dense ones.
+    `compression=Compression.fp16`/`bf16` sends gradients as 16 bits. `num_groups` and
+    `groups` are accepted for Horovod compatibility: the engine fuses whatever is ready
+    anyway. Sparse gradients (`nn.Embedding(sparse=True)`) stay sparse, reduced by
+    `sparse_allreduce_async` (for SparseAdam), unless `sparse_as_dense=True` densifies them
+    first. Gradients are reduced over `process_set`'s ranks; only its members may wrap an
+    optimizer with it.
 
-    Raises ValueError for duplicate names in `named_parameters` or optimizer parameters
-    missing from it, and NotImplementedError for op=Adasum.
+    Raises ValueError for duplicate names in `named_parameters`, optimizer parameters
+    missing from it or a process set without this rank, and NotImplementedError for
+    op=Adasum.
 
     Example:
         >>> import torch, fastring.torch as hvd
@@ -224,7 +244,11 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
     if op is Adasum:
         raise NotImplementedError(ADASUM_UNSUPPORTED)
     op = ReduceOp(op)
-    check_process_set(process_set)
+    if not isinstance(process_set, fastring.ProcessSet):
+        raise TypeError(f"process_set must be a ProcessSet, got {type(process_set).__name__}")
+    if not process_set.included():
+        raise ValueError(f"rank {fastring.rank()} is not a member of {process_set!r} (or it is not "
+                         "registered): only its members may wrap an optimizer with it")
     if gradient_predivide_factor != 1.0 and op != Average:
         raise ValueError("gradient_predivide_factor not supported with op != Average")
     if isinstance(backward_passes_per_step, bool) or not isinstance(backward_passes_per_step, int) \
@@ -238,5 +262,6 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
     # Share the wrapped optimizer's parameter groups, defaults, state and hooks (not an
     # instance-level `step`, such as an LR scheduler's wrapper bound to the original).
     distributed.__dict__.update({k: v for k, v in optimizer.__dict__.items() if k != "step"})
-    distributed._distribute(named, compression, backward_passes_per_step, op, float(gradient_predivide_factor))
+    distributed._distribute(named, compression, backward_passes_per_step, op, float(gradient_predivide_factor),
+                            bool(sparse_as_dense), process_set)
     return distributed

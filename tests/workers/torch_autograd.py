@@ -72,14 +72,22 @@ hvd.alltoall(x).backward(torch.arange(2 * N, dtype=F64) + 10 * R)  # rows 2r, 2r
 close("alltoall grad (equal splits)", x.grad,
       torch.tensor([10 * (i // 2) + 2 * R + i % 2 for i in range(2 * N)], dtype=F64), 0)
 
-# reducescatter: the rows rank k received carry k's upstream gradient back, times the scaling
+# reducescatter (Horovod's definition): the rows rank k received carry k's upstream gradient
+# back, times the scale factors, times N for Sum; that is N times the gradient of the summed
+# losses, checked against autograd of the single-process equivalent below
 for op, pre, post in ((hvd.Sum, 1.0, 1.0), (hvd.Average, 1.0, 1.0), (hvd.Sum, 2.0, 0.5), (hvd.Average, 3.0, 1.0)):
     x = leaf(2 * N, 3)
     y = hvd.reducescatter(x, op=op, prescale_factor=pre, postscale_factor=post)
     y.backward(upstream(y))
-    scale = pre * post / (N if op == hvd.Average else 1)
+    scale = pre * post * (N if op == hvd.Sum else 1)
     expected = torch.cat([torch.full((2, 3), (k + 1) * scale, dtype=F64) for k in range(N)])
     close(f"reducescatter grad {op.name} {pre} {post}", x.grad, expected, 1e-12)
+    # the single-process equivalent: every rank's input stacked, reduced, sliced; the loss is
+    # the sum over ranks k of (k + 1) * sum(slice k)
+    xs = torch.stack([leaf(2 * N, 3).detach() for _ in range(N)]).requires_grad_()
+    reduced = pre * post * xs.sum(0) / (N if op == hvd.Average else 1)
+    sum(((k + 1) * reduced[2 * k:2 * k + 2]).sum() for k in range(N)).backward()
+    close(f"reducescatter grad {op.name} {pre} {post} = N x single-process", x.grad, N * xs.grad[R], 1e-12)
 
 # a small network through allgather and allreduce: autograd matches the local computation
 torch.manual_seed(0)

@@ -206,7 +206,7 @@ expect_error("root negative", lambda: hvd.broadcast_(ones, -1), ValueError, "roo
 expect_error("0-d allgather", lambda: hvd.allgather(torch.tensor(1.0)), ValueError, "0-d")
 expect_error("alltoall uneven", lambda: hvd.alltoall(torch.ones(N + 1, 2)) if N > 1 else hvd.alltoall(torch.ones(2), [3]),
              ValueError)
-expect_error("process set", lambda: hvd.allreduce(ones, process_set=object()), NotImplementedError, "process_set")
+expect_error("process set", lambda: hvd.allreduce(ones, process_set=object()), TypeError, "process_set")
 expect_error("name type", lambda: hvd.allreduce(ones, name=3), TypeError, "name")
 if N > 1:  # what only the ranks together see: FastringError on every rank, tensors untouched
     t = torch.ones(3 + R)

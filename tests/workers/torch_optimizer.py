@@ -231,11 +231,17 @@ for root in sorted({0, N - 1}):
     for root_stepped, other_stepped in ((True, True), (True, False), (False, True)):
         name = f"broadcast_optimizer_state root {root} stepped {root_stepped}/{other_stepped}"
         model, opt = adam(root_stepped if R == root else other_stepped)
-        before = optimizer_digest(opt)
+        before, params_before = optimizer_digest(opt), flat(model.parameters()).clone()
         hvd.broadcast_optimizer_state(opt, root_rank=root)
         same_everywhere(name, opt)
-        if R == root and optimizer_digest(opt) != before:
+        if R == root and root_stepped and optimizer_digest(opt) != before:
             c.fail(f"{name}: the root's state changed")
+        if not root_stepped:  # as Horovod, a fresh optimizer's state is made by a zero step
+            states = [opt.state.get(p, {}) for p in model.parameters()]
+            if not all(int(s.get("step", 0)) == 1 and not s["exp_avg"].any() for s in states):
+                c.fail(f"{name}: a fresh root's state was not initialized by one zero step")
+        if R == root:
+            close(f"{name}: the root's parameters", flat(model.parameters()), params_before, 0)
         if opt.param_groups[0]["lr"] != 0.01 * (root + 1):
             c.fail(f"{name}: lr {opt.param_groups[0]['lr']}")
         # the broadcast state is usable: one more identical step keeps the replicas identical
