@@ -18,9 +18,10 @@ from ._core.tensor import register_adapter as register_tensor_adapter
 from .api.allreduce import (Average, Max, Min, Product, Sum, allreduce, allreduce_async,
                             grouped_allreduce, grouped_allreduce_async, join, poll, start_timeline,
                             stop_timeline, synchronize)
-from .api.collectives import (allgather, allgather_async, allgather_object, alltoall, alltoall_async,
-                              barrier, broadcast, broadcast_async, broadcast_object, reducescatter,
-                              reducescatter_async)
+from .api.collectives import (adasum_allreduce, adasum_allreduce_async, allgather, allgather_async, allgather_object, alltoall, alltoall_async,
+                              barrier, broadcast, broadcast_async, broadcast_object, grouped_allgather,
+                              grouped_allgather_async, grouped_reducescatter, grouped_reducescatter_async,
+                              reducescatter, reducescatter_async)
 from .api.process_sets import ProcessSet, add_process_set, global_process_set, remove_process_set
 from .api.process import (cross_rank, cross_size, init, is_initialized, local_rank, local_size, rank,
                           shutdown, size)
@@ -37,4 +38,6 @@ __all__ = [
     "allgather", "allgather_async", "broadcast", "broadcast_async", "alltoall", "alltoall_async",
     "reducescatter", "reducescatter_async", "barrier", "broadcast_object", "allgather_object",
     "ProcessSet", "global_process_set", "add_process_set", "remove_process_set",
+    "grouped_allgather", "grouped_allgather_async", "grouped_reducescatter", "grouped_reducescatter_async",
+    "adasum_allreduce", "adasum_allreduce_async",
 ]

@@ -224,6 +224,28 @@ def wrap_i8(x):
 
 
 @register_jitable
+def wrap_i16(x):
+    return ((np.int64(x) + 0x8000) & 0xFFFF) - 0x8000
+
+
+@register_jitable
+def wrap_u16(x):
+    return np.int64(x) & 0xFFFF
+
+
+@register_jitable
+def wrap_u32(x):
+    return np.int64(x) & 0xFFFFFFFF
+
+
+@register_jitable
+def wrap_u64(x):
+    # uint64 arithmetic stays uint64 in Numba (and wraps modulo 2**64) as long as both
+    # operands are uint64; the store only pins the type.
+    return np.uint64(x)
+
+
+@register_jitable
 def wrap_i32(x):
     return ((np.int64(x) + 0x80000000) & 0xFFFFFFFF) - 0x80000000
 
@@ -339,7 +361,8 @@ _U16 = np.dtype(np.uint16)
 
 # How the kernels load, store and compute each dtype of fastring's one dtype table
 # (fastring._core.dtypes.SUPPORTED); a dtype added there must be given its entry here.
-_INTEGER_WRAP = {"uint8": wrap_u8, "int8": wrap_i8, "int32": wrap_i32, "int64": identity}
+_INTEGER_WRAP = {"uint8": wrap_u8, "int8": wrap_i8, "int16": wrap_i16, "uint16": wrap_u16,
+                 "int32": wrap_i32, "uint32": wrap_u32, "int64": identity, "uint64": wrap_u64}
 
 
 def _element_type(spec) -> ElementType:

@@ -13,18 +13,17 @@ from fastring.kernels import KernelOp
 BF16 = np.dtype(ml_dtypes.bfloat16)
 F32 = np.dtype(np.float32)
 
-DTYPES = ["uint8", "int8", "int32", "int64", "float16", "bfloat16", "float32", "float64",
+DTYPES = ["uint8", "int8", "int16", "uint16", "int32", "uint32", "int64", "uint64", "float16", "bfloat16", "float32", "float64",
           "bool"]
 FLOAT_DTYPES = ["float16", "bfloat16", "float32", "float64"]
-INT_DTYPES = ["uint8", "int8", "int32", "int64"]
+INT_DTYPES = ["uint8", "int8", "int16", "uint16", "int32", "uint32", "int64", "uint64"]
 OPS = list(KernelOp)
 LENGTHS = [0, 1, 7, 1000, 10**5 + 3]
 WIRES = ["fp16", "bf16"]
 ACC_DTYPES = ["float32", "float64"]
 SCALE_FACTORS = [0.5, -1.5, 3.0, 1e-3]
 DIVISORS = [1, 2, 3, 7, -2]
-UNSUPPORTED_DTYPES = ["complex64", "uint16", "float128" if hasattr(np, "float128") else "complex128",
-                      "uint32"]
+UNSUPPORTED_DTYPES = ["complex64", "complex128", "float128" if hasattr(np, "float128") else "U3"]
 
 # Values every float case should meet: signed zeros, infinities, NaN, subnormals of
 # every format involved, and numbers that overflow fp16 / bf16 when combined.

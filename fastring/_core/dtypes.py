@@ -8,7 +8,8 @@ import numpy as np
 
 # Codes understood by the transport's datatype table (fastring/_transport/mpi.pyx); None: MPI
 # has no such type.
-_MPI_CODES = {"uint8": 0, "int8": 1, "int32": 2, "int64": 3, "float32": 4, "float64": 5, "bool": 6}
+_MPI_CODES = {"uint8": 0, "int8": 1, "int32": 2, "int64": 3, "float32": 4, "float64": 5, "bool": 6,
+              "int16": 7, "uint16": 8, "uint32": 9, "uint64": 10}
 
 
 @dataclass(frozen=True)
@@ -26,8 +27,9 @@ SUPPORTED = {
     for spec in (
         DtypeSpec(name, np.dtype(dt), _MPI_CODES.get(name), kind == "f", name in ("float16", "bfloat16"))
         for name, dt, kind in (
-            ("uint8", np.uint8, "i"), ("int8", np.int8, "i"), ("int32", np.int32, "i"),
-            ("int64", np.int64, "i"), ("float16", np.float16, "f"), ("bfloat16", BFLOAT16, "f"),
+            ("uint8", np.uint8, "i"), ("int8", np.int8, "i"), ("int16", np.int16, "i"),
+            ("uint16", np.uint16, "i"), ("int32", np.int32, "i"), ("uint32", np.uint32, "i"),
+            ("int64", np.int64, "i"), ("uint64", np.uint64, "i"), ("float16", np.float16, "f"), ("bfloat16", BFLOAT16, "f"),
             ("float32", np.float32, "f"), ("float64", np.float64, "f"), ("bool", np.bool_, "b"),
         )
     )

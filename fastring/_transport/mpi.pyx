@@ -34,15 +34,16 @@ cdef int raise_mpi_error(int code) except -1 with gil:
 
 # The codes of fastring._core.dtypes (DtypeSpec.mpi_code) and fastring._core.ops (MPI_OP,
 # MPI_BOOL_OP) index these tables: an enum across the seam, never strings.
-cdef MPI_Datatype _DATATYPES[7]
+cdef MPI_Datatype _DATATYPES[11]
 _DATATYPES[:] = [mpi.MPI_UINT8_T, mpi.MPI_INT8_T, mpi.MPI_INT32_T, mpi.MPI_INT64_T, mpi.MPI_FLOAT,
-                 mpi.MPI_DOUBLE, mpi.MPI_C_BOOL]
+                 mpi.MPI_DOUBLE, mpi.MPI_C_BOOL, mpi.MPI_INT16_T, mpi.MPI_UINT16_T, mpi.MPI_UINT32_T,
+                 mpi.MPI_UINT64_T]
 cdef MPI_Op _OPS[6]
 _OPS[:] = [mpi.MPI_SUM, mpi.MPI_MIN, mpi.MPI_MAX, mpi.MPI_PROD, mpi.MPI_LOR, mpi.MPI_LAND]
 
 
 cdef MPI_Datatype datatype(int code) noexcept:
-    return _DATATYPES[code] if 0 <= code < 7 else mpi.MPI_DATATYPE_NULL
+    return _DATATYPES[code] if 0 <= code < 11 else mpi.MPI_DATATYPE_NULL
 
 
 cdef MPI_Op reduce_op(int code) noexcept:

@@ -156,17 +156,18 @@ def alltoall_rows(rt, arr: np.ndarray, send_rows: np.ndarray) -> tuple[np.ndarra
     return out, recv_rows
 
 
-def reduce_scatter_rows(rt, arr: np.ndarray, work: AllreduceWork) -> np.ndarray:
-    """This rank's rows of the reduction of every rank's `arr` (split on dim 0, the first
-    d0 % N ranks one row more), scaled as `work` says; `arr` is left as it is."""
+def reduce_scatter_rows(rt, arr: np.ndarray, work: AllreduceWork, counts: np.ndarray | None = None) -> np.ndarray:
+    """This rank's rows of the reduction of every rank's `arr` (split on dim 0: counts[r]
+    rows to rank r, by default the first d0 % N ranks one row more), scaled as `work` says;
+    `arr` is left as it is."""
     if work.splits_average:
-        return _exact_average_rows(rt, arr, work)
+        return _exact_average_rows(rt, arr, work, counts)
     spec, op = work.spec, work.op
     itemsize = spec.dtype.itemsize
-    offsets = chunk_offsets(arr.shape[0], rt.size, row_bytes(arr))
-    rows = chunk_offsets(arr.shape[0], rt.size, 1)
+    rows = chunk_offsets(arr.shape[0], rt.size, 1) if counts is None else byte_offsets(counts, 1)
+    offsets = rows * row_bytes(arr)
     out = _pool.empty((int(rows[rt.rank + 1] - rows[rt.rank]),) + arr.shape[1:], arr.dtype)
-    largest = int(offsets[1] - offsets[0])  # chunk 0 is never shorter than another
+    largest = int(np.diff(offsets).max())
     segment = max(itemsize, RING_SEGMENT_BYTES - RING_SEGMENT_BYTES % itemsize)
     # Scratch: two chunks for the ring, then (when the input must be scaled first) a copy
     # of the input.
@@ -190,7 +191,7 @@ def reduce_scatter_rows(rt, arr: np.ndarray, work: AllreduceWork) -> np.ndarray:
     return out
 
 
-def _exact_average_rows(rt, arr: np.ndarray, work: AllreduceWork) -> np.ndarray:
+def _exact_average_rows(rt, arr: np.ndarray, work: AllreduceWork, counts: np.ndarray | None) -> np.ndarray:
     """reduce_scatter_rows of an integer Average: each row travels as its quotients then its
     remainders (int64, see `split_for_average`), summed, and joined into the exact mean."""
     rows = arr.shape[0]
@@ -201,7 +202,8 @@ def _exact_average_rows(rt, arr: np.ndarray, work: AllreduceWork) -> np.ndarray:
     split_for_average(inputs, rt.size, wide)
     # row r: [its quotients | its remainders], so that a row's parts stay together
     interleaved = np.concatenate([wide[:arr.size].reshape(rows, width), wide[arr.size:].reshape(rows, width)], axis=1)
-    summed = reduce_scatter_rows(rt, interleaved, AllreduceWork(spec_of(np.int64), ReduceOp.Sum, 1.0, 1.0, [], False))
+    summed = reduce_scatter_rows(rt, interleaved, AllreduceWork(spec_of(np.int64), ReduceOp.Sum, 1.0, 1.0, [], False),
+                                 counts)
     mine = summed.shape[0]
     parts = np.concatenate([summed[:, :width].reshape(-1), summed[:, width:].reshape(-1)])
     return unpack(work, parts, rt.size).astype(arr.dtype).reshape((mine,) + arr.shape[1:])

@@ -93,7 +93,7 @@ def _allreduce_request(rt: Runtime, kind: str, tensors: Sequence, outs: Sequence
         shapes = arrays[0].shape
         nbytes = arrays[0].nbytes
     if not spec.is_float:
-        check_op_for_dtype(op, spec)
+        check_op_for_dtype(op, spec, prescale, postscale)
         compressor = Compression.none  # integers and bools travel as they are
     if compressor.error_feedback and is_automatic(name):
         raise ValueError(f"{compressor!r} keeps a residual per tensor name; give the tensor a name")

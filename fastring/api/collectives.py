@@ -25,9 +25,10 @@ from .._core.runtime import Runtime
 from .._core.tensor import as_array, like
 from .._core.work import AllreduceWork
 from .._transport import is_c_contiguous
-from ..algorithms import broadcast_bytes
+from ..algorithms import broadcast_bytes, chunk_offsets
+from ..algorithms.adasum import ADASUM_DTYPES, adasum_allreduce as _adasum
 from ..algorithms.collectives import (allgather_rows, alltoall_rows, byte_offsets, gather_counts,
-                                      reduce_scatter_rows)
+                                      reduce_scatter_rows, row_bytes)
 from ..engine import Engine, Handle, Request
 from .process_sets import runtime_of, set_rank
 from .validation import check_op_for_dtype, entry, factor, request_name
@@ -270,7 +271,7 @@ def _reducescatter_request(tensor, op, name, prescale_factor, postscale_factor, 
     postscale = factor(postscale_factor, "postscale_factor")
     name = request_name(rt, "reducescatter", name)
     arr, spec = _rows_array(tensor, "reducescatter")
-    check_op_for_dtype(op, spec)
+    check_op_for_dtype(op, spec, prescale, postscale)
     work = AllreduceWork(spec, op, prescale, postscale, [], False)
 
     def execute(rt: Runtime):
@@ -317,6 +318,193 @@ def reducescatter(tensor, op: ReduceOp = ReduceOp.Average, *, name: str | None =
                [4., 5.]])
     """
     engine, request = _reducescatter_request(tensor, op, name, prescale_factor, postscale_factor, process_set)
+    return engine.run(request)
+
+
+# ----------------------------------------------------------------- grouped allgather and reducescatter
+def _tensor_list(tensors, kind: str) -> list:
+    if not isinstance(tensors, (list, tuple)):
+        raise TypeError(f"{kind} takes a list or tuple of tensors, got {type(tensors).__name__}")
+    if not tensors:
+        raise ValueError(f"{kind} needs at least one tensor")
+    return list(tensors)
+
+
+def _grouped_allgather_request(tensors, name, process_set) -> tuple[Engine, Request]:
+    rt = runtime_of(process_set)
+    name = request_name(rt, "grouped_allgather", name)
+    tensors = _tensor_list(tensors, "grouped_allgather")
+    arrays = [_rows_array(t, "grouped_allgather") for t in tensors]
+
+    def execute(rt: Runtime):
+        # One exchange of every tensor's row count, one of all the bytes: each rank sends its
+        # tensors one after another, and every rank cuts the others' blocks apart.
+        counts = np.empty((rt.size, len(arrays)), np.int64)
+        allgather_rows(rt, np.array([[a.shape[0] for a, _ in arrays]], np.int64), np.ones(rt.size, np.int64),
+                       counts)
+        unit = np.array([row_bytes(a) for a, _ in arrays], np.int64)
+        per_rank = counts @ unit
+        mine = np.concatenate([np.ascontiguousarray(a).reshape(-1).view(np.uint8) for a, _ in arrays])
+        gathered = np.empty(int(per_rank.sum()), np.uint8)
+        allgather_rows(rt, mine, per_rank, gathered)
+        outs = [_pool.empty((int(counts[:, j].sum()),) + a.shape[1:], a.dtype) for j, (a, _) in enumerate(arrays)]
+        starts = byte_offsets(per_rank, 1)
+        for r in range(rt.size):
+            at = int(starts[r])
+            for j, out in enumerate(outs):
+                n = int(counts[r, j] * unit[j])
+                first = int(counts[:r, j].sum())
+                out[first:first + int(counts[r, j])].reshape(-1).view(np.uint8)[:] = gathered[at:at + n]
+                at += n
+        return [like(t, out) for t, out in zip(tensors, outs)]
+
+    fields = (("dtypes", tuple(spec.name for _, spec in arrays)),
+              ("trailing_shapes", tuple(a.shape[1:] for a, _ in arrays)), ("device", "cpu"))
+    return _request(rt, "grouped_allgather", name, fields, sum(a.nbytes for a, _ in arrays), execute)
+
+
+def grouped_allgather_async(tensors, *, name: str | None = None, process_set=None) -> Handle:
+    """Start a grouped allgather; `handle.wait()` gives what `grouped_allgather` would.
+
+    Example:
+        >>> import numpy as np, fastring
+        >>> fastring.init()
+        >>> fastring.grouped_allgather_async([np.arange(2), np.ones((1, 2))]).wait()   # on 1 rank
+        [array([0, 1]), array([[1., 1.]])]
+    """
+    engine, request = _grouped_allgather_request(tensors, name, process_set)
+    return engine.submit(request)
+
+
+def grouped_allgather(tensors, *, name: str | None = None, process_set=None) -> list:
+    """`allgather` of each tensor of a list, as one fused operation: one exchange of the row
+    counts and one of all the tensors' bytes. Tensors may differ in dtype and shape; each
+    tensor's dtype and trailing dimensions must agree across ranks (FastringError otherwise).
+
+    Example:
+        >>> import numpy as np, fastring
+        >>> fastring.init()
+        >>> [a.shape for a in fastring.grouped_allgather([np.ones((2, 3)), np.ones(4)])]   # 1 rank
+        [(2, 3), (4,)]
+    """
+    engine, request = _grouped_allgather_request(tensors, name, process_set)
+    return engine.run(request)
+
+
+def _grouped_reducescatter_request(tensors, op, name, prescale_factor, postscale_factor,
+                                   process_set) -> tuple[Engine, Request]:
+    rt = runtime_of(process_set)
+    op = as_reduce_op(op)
+    prescale = factor(prescale_factor, "prescale_factor")
+    postscale = factor(postscale_factor, "postscale_factor")
+    name = request_name(rt, "grouped_reducescatter", name)
+    tensors = _tensor_list(tensors, "grouped_reducescatter")
+    arrays = [_rows_array(t, "grouped_reducescatter")[0] for t in tensors]
+    spec = spec_of(arrays[0].dtype)
+    if len({a.dtype for a in arrays}) > 1:
+        raise TypeError(f"grouped_reducescatter tensors must share one dtype, got "
+                        f"{', '.join(sorted({str(a.dtype) for a in arrays}))}")
+    check_op_for_dtype(op, spec, prescale, postscale)
+    work = AllreduceWork(spec, op, prescale, postscale, [], False)
+
+    def execute(rt: Runtime):
+        # One reduce-scatter of all the tensors: their elements laid out by destination rank
+        # (rank r's rows of every tensor, one tensor after another), cut back apart after.
+        splits = [chunk_offsets(a.shape[0], rt.size, 1) for a in arrays]
+        widths = [a.size // a.shape[0] if a.shape[0] else 0 for a in arrays]
+        fused = np.concatenate([np.ascontiguousarray(a[s[r]:s[r + 1]]).reshape(-1)
+                                for r in range(rt.size) for a, s in zip(arrays, splits)])
+        counts = np.array([sum(int(s[r + 1] - s[r]) * w for s, w in zip(splits, widths))
+                           for r in range(rt.size)], np.int64)
+        mine = reduce_scatter_rows(rt, fused, work, counts)
+        outs, at = [], 0
+        for t, a, s, w in zip(tensors, arrays, splits, widths):
+            rows = int(s[rt.rank + 1] - s[rt.rank])
+            outs.append(like(t, mine[at:at + rows * w].reshape((rows,) + a.shape[1:])))
+            at += rows * w
+        return outs
+
+    fields = (("dtype", spec.name), ("shapes", tuple(a.shape for a in arrays)), ("op", op.name),
+              ("prescale_factor", prescale), ("postscale_factor", postscale), ("device", "cpu"))
+    return _request(rt, "grouped_reducescatter", name, fields, sum(a.nbytes for a in arrays), execute)
+
+
+def grouped_reducescatter_async(tensors, op: ReduceOp = ReduceOp.Average, *, name: str | None = None,
+                                prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                                process_set=None) -> Handle:
+    """Start a grouped reducescatter; `handle.wait()` gives what `grouped_reducescatter` would.
+
+    Example:
+        >>> import numpy as np, fastring
+        >>> fastring.init()
+        >>> fastring.grouped_reducescatter_async([np.ones(2), np.ones(3)], op=fastring.Sum).wait()
+        [array([1., 1.]), array([1., 1., 1.])]
+    """
+    engine, request = _grouped_reducescatter_request(tensors, op, name, prescale_factor, postscale_factor,
+                                                     process_set)
+    return engine.submit(request)
+
+
+def grouped_reducescatter(tensors, op: ReduceOp = ReduceOp.Average, *, name: str | None = None,
+                          prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                          process_set=None) -> list:
+    """`reducescatter` of each tensor of a list (one dtype), as one fused reduce-scatter:
+    rank r receives its rows of every tensor, split as `reducescatter` splits each.
+
+    Example:
+        >>> import numpy as np, fastring
+        >>> fastring.init()
+        >>> fastring.grouped_reducescatter([np.ones((2, 2)), np.arange(3.0)], op=fastring.Sum)[1]
+        array([0., 1., 2.])
+    """
+    engine, request = _grouped_reducescatter_request(tensors, op, name, prescale_factor, postscale_factor,
+                                                     process_set)
+    return engine.run(request)
+
+
+# ----------------------------------------------------------------- Adasum
+def _adasum_request(tensor, name, process_set) -> tuple[Engine, Request]:
+    rt = runtime_of(process_set)
+    name = request_name(rt, "adasum", name)
+    arr = as_array(tensor)
+    if arr.dtype not in ADASUM_DTYPES:
+        raise TypeError(f"Adasum reduces float32 and float64 tensors on the CPU, got {arr.dtype}")
+    if rt.size & (rt.size - 1):
+        raise ValueError(f"Adasum needs a power-of-two number of ranks (its recursive halving "
+                         f"pairs rank r with r ^ 2**k), got {rt.size}")
+
+    def execute(rt: Runtime):
+        return like(tensor, _adasum(rt, arr))
+
+    fields = (("dtype", arr.dtype.name), ("shape", arr.shape), ("device", "cpu"))
+    return _request(rt, "adasum", name, fields, arr.nbytes, execute)
+
+
+def adasum_allreduce_async(tensor, *, name: str | None = None, process_set=None) -> Handle:
+    """Start an Adasum reduction; `handle.wait()` gives what `adasum_allreduce` would.
+
+    Example:
+        >>> import numpy as np, fastring
+        >>> fastring.init()
+        >>> fastring.adasum_allreduce_async(np.ones(2)).wait()   # on 1 rank
+        array([1., 1.])
+    """
+    engine, request = _adasum_request(tensor, name, process_set)
+    return engine.submit(request)
+
+
+def adasum_allreduce(tensor, *, name: str | None = None, process_set=None):
+    """The Adasum (adaptive sum) of every rank's tensor (fastring.algorithms.adasum): the sum
+    of orthogonal tensors, the average of equal ones. float32/float64 on the CPU, on a
+    power-of-two number of ranks (ValueError otherwise). Every rank receives the result.
+
+    Example:
+        >>> import numpy as np, fastring
+        >>> fastring.init()
+        >>> fastring.adasum_allreduce(np.array([3.0, 4.0]))   # on 1 rank: the tensor itself
+        array([3., 4.])
+    """
+    engine, request = _adasum_request(tensor, name, process_set)
     return engine.run(request)
 
 

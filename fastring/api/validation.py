@@ -83,6 +83,12 @@ def same_view(a: np.ndarray, b: np.ndarray) -> bool:
             and array_address(a) == array_address(b))
 
 
-def check_op_for_dtype(op: ReduceOp, spec: DtypeSpec) -> None:
+def check_op_for_dtype(op: ReduceOp, spec: DtypeSpec, prescale: float = 1.0, postscale: float = 1.0) -> None:
     if spec.name == "bool" and op == ReduceOp.Average:
         raise TypeError("Average is not defined for bool tensors; use Sum (logical or) or Min/Max")
+    if spec.name == "uint64" and op == ReduceOp.Average:
+        # the exact integer mean works in int64, which holds no uint64 above 2**63
+        raise TypeError("Average is not supported for uint64 tensors; use Sum and divide")
+    if spec.name == "uint64" and (prescale != 1.0 or postscale != 1.0):
+        raise TypeError("scale factors are not supported for uint64 tensors (they are applied "
+                        "in int64 arithmetic)")

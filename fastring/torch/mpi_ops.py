@@ -31,6 +31,7 @@ __all__ = [
     "grouped_allreduce", "grouped_allreduce_", "grouped_allreduce_async", "grouped_allreduce_async_",
     "allgather", "allgather_async", "broadcast", "broadcast_", "broadcast_async", "broadcast_async_",
     "alltoall", "alltoall_async", "reducescatter", "reducescatter_async", "barrier", "join",
+    "grouped_allgather", "grouped_allgather_async", "grouped_reducescatter", "grouped_reducescatter_async",
     "synchronize", "poll", "start_timeline", "stop_timeline", "sparse_allreduce_async",
     "HorovodInternalError", "HostsUpdatedInterrupt",
 ]
@@ -486,13 +487,16 @@ class _Reducescatter(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_output):
-        op, scale, process_set = ctx.scaling
-        if op not in (Sum, Average):
-            raise NotImplementedError(f"the gradient of reducescatter is defined for Sum and "
-                                      f"Average, not {ReduceOp(op).name}")
-        if op == Sum:
-            scale *= process_set.size()
-        return allgather(grad_output, process_set=process_set) * scale, None, None, None, None, None
+        scale = _reducescatter_grad_scale(*ctx.scaling)
+        return allgather(grad_output, process_set=ctx.scaling[2]) * scale, None, None, None, None, None
+
+
+def _reducescatter_grad_scale(op, scale: float, process_set) -> float:
+    """What multiplies the gathered gradient of a reducescatter (see _Reducescatter)."""
+    if op not in (Sum, Average):
+        raise NotImplementedError(f"the gradient of reducescatter is defined for Sum and "
+                                  f"Average, not {ReduceOp(op).name}")
+    return scale * process_set.size() if op == Sum else scale
 
 
 def reducescatter(tensor: torch.Tensor, name: str | None = None, compression=Compression.none,
@@ -536,6 +540,106 @@ def reducescatter_async(tensor: torch.Tensor, name: str | None = None, op=Averag
     return fastring.reducescatter_async(tensor, op=horovod_op(op), name=full_name("reducescatter", name),
                                         prescale_factor=prescale_factor, postscale_factor=postscale_factor,
                                         process_set=process_set)
+
+
+# ----------------------------------------------------------------- grouped allgather, reducescatter
+class _GroupedAllgather(torch.autograd.Function):
+    """Backward (as `allgather`'s, per tensor): the averaged output gradients, this rank's rows."""
+
+    @staticmethod
+    def forward(ctx, name, process_set, *tensors):
+        ctx.rows, ctx.process_set = [t.shape[0] for t in tensors], process_set
+        return tuple(fastring.grouped_allgather(list(tensors), name=name, process_set=process_set))
+
+    @staticmethod
+    def backward(ctx, *grad_outputs):
+        process_set = ctx.process_set
+        reduced = grouped_allreduce(list(grad_outputs), op=Average, process_set=process_set)
+        rows = fastring.allgather(torch.tensor([ctx.rows], dtype=torch.int64), process_set=process_set)
+        offsets = rows[:process_set.rank()].sum(0).tolist()
+        return (None, None) + tuple(g.narrow(0, o, n) for g, o, n in zip(reduced, offsets, ctx.rows))
+
+
+def grouped_allgather(tensors: Sequence[torch.Tensor], name: str | None = None,
+                      process_set=global_process_set) -> list[torch.Tensor]:
+    """`allgather` of each tensor of a list as one fused operation; returns a list.
+    Differentiable like `allgather`.
+
+    Example:
+        >>> import torch, fastring.torch as hvd
+        >>> hvd.init()
+        >>> [t.shape for t in hvd.grouped_allgather([torch.ones(2, 3), torch.ones(1)])]   # 1 rank
+        [torch.Size([2, 3]), torch.Size([1])]
+    """
+    return list(_GroupedAllgather.apply(full_name("grouped_allgather", name), process_set, *tensors))
+
+
+def grouped_allgather_async(tensors: Sequence[torch.Tensor], name: str | None = None,
+                            process_set=global_process_set) -> Handle:
+    """Start a grouped allgather; `synchronize(handle)` returns the list of results.
+
+    Example:
+        >>> import torch, fastring.torch as hvd
+        >>> hvd.init()
+        >>> hvd.synchronize(hvd.grouped_allgather_async([torch.arange(2)]))   # on 1 rank
+        [tensor([0, 1])]
+    """
+    return fastring.grouped_allgather_async(list(tensors), name=full_name("grouped_allgather", name),
+                                            process_set=process_set)
+
+
+class _GroupedReducescatter(torch.autograd.Function):
+    """Backward: `reducescatter`'s, per tensor, through one grouped allgather."""
+
+    @staticmethod
+    def forward(ctx, name, op, prescale_factor, postscale_factor, process_set, *tensors):
+        ctx.scaling = (op, prescale_factor * postscale_factor, process_set)
+        return tuple(fastring.grouped_reducescatter(list(tensors), op=op, name=name, prescale_factor=prescale_factor,
+                                                    postscale_factor=postscale_factor, process_set=process_set))
+
+    @staticmethod
+    def backward(ctx, *grad_outputs):
+        scale = _reducescatter_grad_scale(*ctx.scaling)
+        grads = grouped_allgather(list(grad_outputs), process_set=ctx.scaling[2])
+        return (None,) * 5 + tuple(g * scale for g in grads)
+
+
+def grouped_reducescatter(tensors: Sequence[torch.Tensor], name: str | None = None,
+                          compression=Compression.none, op=Average, process_set=global_process_set,
+                          prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> list[torch.Tensor]:
+    """`reducescatter` of each tensor of a list (one dtype) as one fused operation; returns
+    a list. Differentiable for Sum and Average, like `reducescatter`.
+
+    Example:
+        >>> import torch, fastring.torch as hvd
+        >>> hvd.init()
+        >>> hvd.grouped_reducescatter([torch.ones(2), torch.ones(3, 1)], op=hvd.Sum)[0]   # 1 rank
+        tensor([1., 1.])
+    """
+    op = horovod_op(op)
+    qualified = full_name("grouped_reducescatter", name)
+    if is_native(compression) and getattr(compression, "wire", None) is None:
+        return list(_GroupedReducescatter.apply(qualified, op, prescale_factor, postscale_factor, process_set,
+                                                *tensors))
+    return [reducescatter(t, f"{name}.{i}" if name else None, compression, op, process_set, prescale_factor,
+                          postscale_factor) for i, t in enumerate(tensors)]
+
+
+def grouped_reducescatter_async(tensors: Sequence[torch.Tensor], name: str | None = None, op=Average,
+                                process_set=global_process_set, prescale_factor: float = 1.0,
+                                postscale_factor: float = 1.0) -> Handle:
+    """Start a grouped reducescatter; `synchronize(handle)` returns the list of slices.
+
+    Example:
+        >>> import torch, fastring.torch as hvd
+        >>> hvd.init()
+        >>> hvd.synchronize(hvd.grouped_reducescatter_async([torch.ones(2)], op=hvd.Sum))   # 1 rank
+        [tensor([1., 1.])]
+    """
+    return fastring.grouped_reducescatter_async(list(tensors), op=horovod_op(op),
+                                                name=full_name("grouped_reducescatter", name),
+                                                prescale_factor=prescale_factor,
+                                                postscale_factor=postscale_factor, process_set=process_set)
 
 
 # ----------------------------------------------------------------- sparse allreduce
