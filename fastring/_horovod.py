@@ -26,8 +26,9 @@ Average, Sum = ReduceOp.Average, ReduceOp.Sum
 
 
 class _AdasumOp:
-    """Horovod's Adasum reduction. fastring does not implement it: passing it anywhere raises
-    NotImplementedError. A distinct object, equal to no ReduceOp."""
+    """Horovod's Adasum reduction: `op=Adasum` in an allreduce runs `fastring.adasum_allreduce`
+    (float32/float64 on the CPU, a power-of-two number of ranks). A distinct object, equal to
+    no ReduceOp."""
 
     def __repr__(self) -> str:
         return "Adasum"
@@ -37,8 +38,10 @@ class _AdasumOp:
 
 
 Adasum = _AdasumOp()
-ADASUM_UNSUPPORTED = ("op=Adasum is not implemented by fastring; use op=hvd.Average (the "
-                      "default, Horovod's usual gradient averaging) or op=hvd.Sum")
+ADASUM_OPTIMIZER_UNSUPPORTED = (
+    "DistributedOptimizer(op=Adasum) (Horovod's delta optimizer, which applies the Adasum of "
+    "the ranks' parameter updates) is not implemented by fastring; reduce tensors with "
+    "allreduce(..., op=Adasum), or use op=Average")
 
 
 ProcessSet, global_process_set = fastring.ProcessSet, fastring.global_process_set
@@ -111,9 +114,7 @@ def horovod_op(op, average=None) -> Any:
         return Average if average else Sum
     if op is None:
         return Average
-    if op is Adasum:
-        raise NotImplementedError(ADASUM_UNSUPPORTED)
-    return op  # validated by the core
+    return op  # validated by the core (Adasum: by the adapter, which calls adasum_allreduce)
 
 
 def full_name(kind: str, name):

@@ -125,13 +125,14 @@ def one_rank():
     hvd.init()
 
 
-def test_adasum_is_a_distinct_unsupported_op(one_rank):
+def test_adasum_is_a_distinct_op(one_rank):
     assert all(hvd.Adasum != op for op in fastring.ReduceOp)
     model = torch.nn.Linear(2, 1)
-    with pytest.raises(NotImplementedError, match="Adasum"):
-        hvd.allreduce(torch.ones(2), op=hvd.Adasum)
-    with pytest.raises(NotImplementedError, match="Adasum"):
-        hvd.grouped_allreduce_async([torch.ones(2)], op=hvd.Adasum)
+    # on one rank the Adasum of a tensor is the tensor (tests/workers/adasum.py: N ranks)
+    assert torch.equal(hvd.allreduce(torch.tensor([1.0, 2.0]), op=hvd.Adasum), torch.tensor([1.0, 2.0]))
+    assert torch.equal(hvd.synchronize(hvd.grouped_allreduce_async([torch.ones(2)], op=hvd.Adasum))[0], torch.ones(2))
+    with pytest.raises(ValueError, match="compression"):
+        hvd.allreduce(torch.ones(2), op=hvd.Adasum, compression=hvd.Compression.fp16)
     with pytest.raises(NotImplementedError, match="Adasum"):
         hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), op=hvd.Adasum)
 

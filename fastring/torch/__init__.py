@@ -14,9 +14,10 @@ Example:
     >>> hvd.allreduce(torch.tensor(2.0), name="metric")   # Average over ranks
     tensor(2.)
 """
-from . import functions, mpi_ops, optimizer
+from . import functions, mpi_ops, optimizer, sync_batch_norm
 from .functions import *  # noqa: F401,F403 - the names of their __all__
 from .mpi_ops import *  # noqa: F401,F403
 from .optimizer import *  # noqa: F401,F403
+from .sync_batch_norm import *  # noqa: F401,F403
 
-__all__ = [*mpi_ops.__all__, *functions.__all__, *optimizer.__all__]
+__all__ = [*mpi_ops.__all__, *functions.__all__, *optimizer.__all__, *sync_batch_norm.__all__]

@@ -67,6 +67,10 @@ class _Deferred:
 
     __call__ = wait  # Horovod's sparse_allreduce_async returns a function to call
 
+    def then_first(self) -> "_Deferred":
+        """The same handle, giving the first of its results (a list of one)."""
+        return _Deferred(self.handles, lambda results: self.finish(results)[0])
+
 
 def _copy_back(handle: Handle, targets: list) -> _Deferred:
     """The handle of an in-place grouped collective: the results are written into `targets`,
@@ -107,6 +111,43 @@ def poll(handle) -> bool:
     return fastring.poll(handle)
 
 
+# ----------------------------------------------------------------- Adasum
+def _adasum(tensors: list, name, prescale_factor: float, postscale_factor: float, process_set,
+            compression, targets: list | None = None) -> _Deferred:
+    """op=Adasum in any allreduce: one `fastring.adasum_allreduce` per tensor, the scale
+    factors applied around it; the results are written into `targets` when given."""
+    if not is_native(compression) or getattr(compression, "wire", None) is not None:
+        raise ValueError("op=Adasum takes no compression")
+    name = full_name("allreduce", name)
+    handles = [fastring.adasum_allreduce_async(t * prescale_factor if prescale_factor != 1.0 else t,
+                                               name=f"{name}.{i}" if name else None, process_set=process_set)
+               for i, t in enumerate(tensors)]
+
+    def finish(results):
+        results = [r * postscale_factor if postscale_factor != 1.0 else r for r in results]
+        if targets is None:
+            return results
+        for target, result in zip(targets, results):
+            target.copy_(result)
+        return targets
+    return _Deferred(handles, finish)
+
+
+class _Adasum(torch.autograd.Function):
+    """Forward: the Adasum of the ranks' tensors. Backward: the Adasum of the gradients, as
+    Horovod's allreduce defines its gradient (the same reduction of the output's gradient)."""
+
+    @staticmethod
+    def forward(ctx, tensor, name, prescale_factor, postscale_factor, process_set):
+        ctx.scaling = (prescale_factor, postscale_factor, process_set)
+        return _adasum([tensor.detach()], name, prescale_factor, postscale_factor, process_set, None).wait()[0]
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        pre, post, process_set = ctx.scaling
+        return _adasum([grad_output], None, pre, post, process_set, None).wait()[0], None, None, None, None
+
+
 # ----------------------------------------------------------------- allreduce
 class _Allreduce(torch.autograd.Function):
     """Forward: the core's allreduce. Backward: the same allreduce (op and scales) of the
@@ -143,6 +184,10 @@ def allreduce(tensor: torch.Tensor, average: bool | None = None, name: str | Non
         tensor([1., 3.])
     """
     op = horovod_op(op, average)
+    if op is Adasum:
+        if not is_native(compression) or getattr(compression, "wire", None) is not None:
+            raise ValueError("op=Adasum takes no compression")
+        return _Adasum.apply(tensor, name, prescale_factor, postscale_factor, process_set)
     return compressed(compression, tensor, lambda t, c: _Allreduce.apply(
         t, op, full_name("allreduce", name), c, prescale_factor, postscale_factor, process_set))
 
@@ -160,7 +205,10 @@ def allreduce_async(tensor: torch.Tensor, average: bool | None = None, name: str
         >>> hvd.synchronize(h)
         tensor([1., 1., 1.])
     """
-    return fastring.allreduce_async(tensor, op=horovod_op(op, average), name=full_name("allreduce", name),
+    op = horovod_op(op, average)
+    if op is Adasum:
+        return _adasum([tensor], name, prescale_factor, postscale_factor, process_set, None, None).then_first()
+    return fastring.allreduce_async(tensor, op=op, name=full_name("allreduce", name),
                                     prescale_factor=prescale_factor, postscale_factor=postscale_factor,
                                     process_set=process_set)
 
@@ -177,7 +225,10 @@ def allreduce_(tensor: torch.Tensor, average: bool | None = None, name: str | No
         >>> hvd.allreduce_(t, op=hvd.Sum) is t
         True
     """
-    return fastring.allreduce(tensor, op=horovod_op(op, average), name=full_name("allreduce", name),
+    op = horovod_op(op, average)
+    if op is Adasum:
+        return _adasum([tensor], name, prescale_factor, postscale_factor, process_set, None, [tensor]).wait()[0]
+    return fastring.allreduce(tensor, op=op, name=full_name("allreduce", name),
                               prescale_factor=prescale_factor, postscale_factor=postscale_factor,
                               out=tensor, process_set=process_set)
 
@@ -194,7 +245,10 @@ def allreduce_async_(tensor: torch.Tensor, average: bool | None = None, name: st
         >>> hvd.synchronize(hvd.allreduce_async_(t, name="t")) is t
         True
     """
-    return fastring.allreduce_async(tensor, op=horovod_op(op, average), name=full_name("allreduce", name),
+    op = horovod_op(op, average)
+    if op is Adasum:
+        return _adasum([tensor], name, prescale_factor, postscale_factor, process_set, None, [tensor]).then_first()
+    return fastring.allreduce_async(tensor, op=op, name=full_name("allreduce", name),
                                     prescale_factor=prescale_factor, postscale_factor=postscale_factor,
                                     out=tensor, process_set=process_set)
 
@@ -232,6 +286,8 @@ def grouped_allreduce(tensors: Sequence[torch.Tensor], average: bool | None = No
         [tensor([1., 1.]), tensor([0.])]
     """
     op = horovod_op(op, average)
+    if op is Adasum:
+        return _adasum(list(tensors), name, prescale_factor, postscale_factor, process_set, compression).wait()
     qualified = full_name("grouped_allreduce", name)
     if is_native(compression):
         return list(_GroupedAllreduce.apply(op, qualified, compression, prescale_factor,
@@ -253,7 +309,10 @@ def grouped_allreduce_async(tensors: Sequence[torch.Tensor], average: bool | Non
         >>> hvd.synchronize(hvd.grouped_allreduce_async([torch.ones(1), torch.ones(2)]))
         [tensor([1.]), tensor([1., 1.])]
     """
-    return fastring.grouped_allreduce_async(tensors, op=horovod_op(op, average),
+    op = horovod_op(op, average)
+    if op is Adasum:
+        return _adasum(list(tensors), name, prescale_factor, postscale_factor, process_set, None)
+    return fastring.grouped_allreduce_async(tensors, op=op,
                                             name=full_name("grouped_allreduce", name),
                                             prescale_factor=prescale_factor,
                                             postscale_factor=postscale_factor, process_set=process_set)
@@ -652,7 +711,7 @@ def sparse_allreduce_async(tensor: torch.Tensor, name: str, op, process_set=glob
     Example:
         >>> import torch, fastring.torch as hvd
         >>> hvd.init()
-        >>> g = torch.sparse_coo_tensor([[1, 3]], [2.0, 4.0], (5,))
+        >>> g = torch.sparse_coo_tensor([[1, 3]], [2.0, 4.0], (5,), check_invariants=True)
         >>> hvd.synchronize(hvd.sparse_allreduce_async(g, "g", hvd.Sum)).to_dense()   # 1 rank
         tensor([0., 2., 0., 4., 0.])
     """
@@ -672,7 +731,7 @@ def sparse_allreduce_async(tensor: torch.Tensor, name: str, op, process_set=glob
         gathered_indices, gathered_values = results
         if op == Average:
             gathered_values = gathered_values / process_set.size()
-        return torch.sparse_coo_tensor(gathered_indices.t(), gathered_values, tensor.shape)
+        return torch.sparse_coo_tensor(gathered_indices.t(), gathered_values, tensor.shape, check_invariants=True)
     return _Deferred([indices, values], finish)
 
 

@@ -16,7 +16,7 @@ import torch
 import fastring
 from fastring import Compression, ReduceOp
 
-from fastring._horovod import (ADASUM_UNSUPPORTED, Adasum, full_name, global_process_set, is_native)
+from fastring._horovod import (ADASUM_OPTIMIZER_UNSUPPORTED, Adasum, full_name, global_process_set, is_native)
 
 from .functions import wait_all
 from .mpi_ops import Average, sparse_allreduce_async
@@ -242,7 +242,7 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise TypeError(f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}")
     if op is Adasum:
-        raise NotImplementedError(ADASUM_UNSUPPORTED)
+        raise NotImplementedError(ADASUM_OPTIMIZER_UNSUPPORTED)
     op = ReduceOp(op)
     if not isinstance(process_set, fastring.ProcessSet):
         raise TypeError(f"process_set must be a ProcessSet, got {type(process_set).__name__}")

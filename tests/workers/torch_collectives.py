@@ -196,7 +196,6 @@ if hvd.allgather_object((R, "x" * R), name="objs") != [(r, "x" * r) for r in ran
 
 # ----------------------------------------------------------------- errors
 ones = torch.ones(3)
-expect_error("Adasum", lambda: hvd.allreduce(ones, op=hvd.Adasum), NotImplementedError, "Adasum")
 expect_error("op and average", lambda: hvd.allreduce(ones, average=True, op=hvd.Sum), ValueError, "average")
 expect_error("bad op", lambda: hvd.allreduce(ones, op=17), ValueError, "op")
 expect_error("complex", lambda: hvd.allreduce(torch.ones(2, dtype=torch.complex64)), TypeError, "complex64")
