@@ -49,7 +49,7 @@ def _fields(kind: str, spec: DtypeSpec, shapes: tuple, op: ReduceOp, prescale: f
 _PLANS: dict[tuple, tuple] = {}
 
 
-def _lone_allreduce(rt: Runtime, arr: np.ndarray, op: ReduceOp, name: str | None, out: np.ndarray | None):
+def _lone_allreduce(arr: np.ndarray, op: ReduceOp, name: str | None, out: np.ndarray | None, process_set=None):
     """The lean path of a plain (no compression, no scale factors) numpy allreduce: the
     engine runs it without building a Request when nothing else is queued.
     Returns None where the general path must take the call (it also raises any errors)."""
@@ -62,6 +62,8 @@ def _lone_allreduce(rt: Runtime, arr: np.ndarray, op: ReduceOp, name: str | None
         plan = (spec, _fields("allreduce", spec, arr.shape, op, 1.0, 1.0, Compression.none))
         if len(_PLANS) < 1024:
             _PLANS[key] = plan
+
+    rt = runtime_of(process_set)
 
     def request(assigned: str) -> Request:
         return _allreduce_request(rt, "allreduce", [arr], [out], op, assigned,
@@ -150,8 +152,7 @@ def allreduce(tensor, op: ReduceOp = ReduceOp.Average, *, name: str | None = Non
             and type(prescale_factor) is float and prescale_factor == 1.0
             and type(postscale_factor) is float and postscale_factor == 1.0
             and (out is None or out is tensor or not np.may_share_memory(out, tensor))):
-        rt = runtime_of(process_set)
-        result = _lone_allreduce(rt, tensor, op, name, out)
+        result = _lone_allreduce(tensor, op, name, out, process_set)
         if result is not None:
             return result
     engine, request = _allreduce_request(runtime_of(process_set), "allreduce", [tensor], [out], op, name,
