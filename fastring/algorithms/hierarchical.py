@@ -32,11 +32,14 @@ class Level:
     rank's place in it and the runtime's scratch buffer. Kept one per runtime and level, so
     that what the compressed ring learns about segment sizes persists."""
 
-    __slots__ = ("transport", "rank", "size", "scratch", "__weakref__")
+    __slots__ = ("transport", "rank", "size", "_runtime", "__weakref__")
 
     def __init__(self, rt, transport):
         self.transport, self.rank, self.size = transport, transport.rank, transport.size
-        self.scratch = rt.scratch
+        self._runtime = weakref.ref(rt)  # a strong one would keep `_levels`' key alive forever
+
+    def scratch(self, nbytes: int):
+        return self._runtime().scratch(nbytes)
 
 
 _levels: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()

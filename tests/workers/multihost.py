@@ -87,6 +87,17 @@ lo = sum(len(a) for a in np.array_split(full, N)[:R])
 c.check_close("reducescatter", got, full[lo:lo + len(np.array_split(full, N)[R])], 0)
 fastring.barrier()
 
+# --- restarting keeps the layout; any forced algorithm turns the hierarchy off
+for setting in ("ring", "auto"):
+    c.reinit(setting)
+    rt = runtime()
+    want = "ring" if setting == "ring" else expected_algorithm
+    name = choose("allreduce", 4 * LARGE, spec_of("float32"), rt=rt, setting=setting).name
+    c.CHECKS.check(name == want, f"after init under {setting}: {name}, expected {want}")
+    inputs = [c.rank_input(np.dtype(np.float32), LARGE, r, 70) for r in range(N)]
+    expected, bound = c.reference(inputs, fastring.Average, N)
+    c.check_close(f"allreduce after init under {setting}", fastring.allreduce(inputs[R]), expected, bound)
+
 # --- a mismatch across hosts: every rank raises the error that names the field and ranks
 try:
     fastring.allreduce(np.ones(4 if R == 0 else 5, np.float32), name="mismatched")
