@@ -31,6 +31,8 @@ class Runtime:
         self.local_rank, self.local_size = local.Get_rank(), local.Get_size()
         cross = comm.Split(color=self.local_rank, key=self.rank)
         self.cross_rank, self.cross_size = cross.Get_rank(), cross.Get_size()
+        # True on every rank alike when the ranks are on more than one host
+        self.crosses_hosts = self.local_size < self.size
         # (host level, cross-host level) as (transport, world rank of each of its ranks), or
         # None: only when every host has the same number of ranks, several of them, and
         # there are several hosts. The test is collective, so every rank decides alike.

@@ -20,11 +20,11 @@ from __future__ import annotations
 import weakref
 
 from .. import kernels
-from .._core.config import RING_SEGMENT_BYTES, SMALL_MESSAGE_BYTES
+from .._core.config import SMALL_MESSAGE_BYTES
 from .._core.ops import KERNEL_OP
 from .._transport import array_address, ring_reduce_scatter_to
 from .allreduce import CompressedRing, Ring
-from .base import Message, Reduction, chunk_offsets
+from .base import Message, Reduction, chunk_offsets, ring_segment
 
 
 class Level:
@@ -32,10 +32,11 @@ class Level:
     rank's place in it and the runtime's scratch buffer. Kept one per runtime and level, so
     that what the compressed ring learns about segment sizes persists."""
 
-    __slots__ = ("transport", "rank", "size", "_runtime", "__weakref__")
+    __slots__ = ("transport", "rank", "size", "crosses_hosts", "_runtime", "__weakref__")
 
-    def __init__(self, rt, transport):
+    def __init__(self, rt, transport, crosses_hosts: bool):
         self.transport, self.rank, self.size = transport, transport.rank, transport.size
+        self.crosses_hosts = crosses_hosts
         self._runtime = weakref.ref(rt)  # a strong one would keep `_levels`' key alive forever
 
     def scratch(self, nbytes: int):
@@ -49,7 +50,8 @@ def levels(rt) -> tuple[Level, Level]:
     """(host level, cross-host level) of a runtime whose `hierarchy` is set."""
     found = _levels.get(rt)
     if found is None:
-        found = _levels[rt] = tuple(Level(rt, transport) for transport, _ in rt.hierarchy)
+        (host, _), (cross, _) = rt.hierarchy
+        found = _levels[rt] = (Level(rt, host, False), Level(rt, cross, True))
     return found
 
 
@@ -80,7 +82,7 @@ class Hierarchical:
         dtype = flat.dtype if r.wire is not None else r.spec.dtype
         itemsize = dtype.itemsize
         offsets = chunk_offsets(flat.size, local.size, itemsize)
-        segment = max(itemsize, RING_SEGMENT_BYTES - RING_SEGMENT_BYTES % itemsize)
+        segment = ring_segment(local, itemsize)
         reduce_fn = kernels.reduce_cfunc(KERNEL_OP[r.op], dtype)
         with r.phase("host reduce-scatter"):
             if src is not None:
