@@ -127,3 +127,16 @@ def test_taken_name_missing_tools_and_no_root_in_one_line(monkeypatch, capsys):
     assert launcher.main(["--sim-hosts", "2", "-np", "2", "true"]) == 2
     assert capsys.readouterr().err == ("fastring-run: --sim-hosts needs root (it creates network namespaces); "
                                        "run it as root\n")
+
+
+def test_doctests_and_option_checks():
+    import doctest
+
+    from fastring.algorithms import base
+    for module in (simcluster, base):
+        result = doctest.testmod(module)
+        assert result.failed == 0 and result.attempted > 0, module.__name__
+    with pytest.raises(simcluster.SimClusterError, match="not a time"):
+        simcluster.SimCluster(2, delay="soon")
+    with pytest.raises(simcluster.SimClusterError, match="at least 1"):
+        simcluster.SimCluster(0)
