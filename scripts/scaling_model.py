@@ -54,10 +54,11 @@ def load(directory: str) -> tuple[list[dict], float]:
 
 
 def fit_link(rows: list[dict], stat: str) -> tuple[float, float]:
-    """(alpha, beta) of T = 2 (N - 1) (alpha + beta B / N), least squares over `rows`."""
+    """(alpha, beta) of T = 2 (N - 1) (alpha + beta B / N), least squares over `rows` in
+    relative error, so that the small messages set alpha and the large ones beta."""
     per_step = np.array([r[stat] / (2 * (r["ranks"] - 1)) for r in rows])
     chunk = np.array([r["bytes"] / r["ranks"] for r in rows])
-    beta, alpha = np.polyfit(chunk, per_step, 1)
+    beta, alpha = np.polyfit(chunk, per_step, 1, w=1 / per_step)
     return max(alpha, 0.0), beta
 
 
