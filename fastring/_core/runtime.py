@@ -39,8 +39,7 @@ class Runtime:
         self.hierarchy = None
         fewest, most = comm.allreduce(self.local_size, MPI.MIN), comm.allreduce(self.local_size, MPI.MAX)
         if make_transport is not None and fewest == most > 1 and self.cross_size > 1:
-            self.hierarchy = tuple((make_transport(c), c.Get_group().Translate_ranks(range(c.Get_size()), comm.Get_group()))
-                                   for c in (local, cross))
+            self.hierarchy = tuple((make_transport(c), _world_ranks(c, comm)) for c in (local, cross))
         local.Free()
         cross.Free()
         if self.local_size == self.size:
@@ -71,6 +70,16 @@ class Runtime:
         for transport, _ in self.hierarchy or ():
             transport.free()
         self.transport.free()
+
+
+def _world_ranks(sub: MPI.Comm, comm: MPI.Comm) -> list[int]:
+    """The rank in `comm` of each rank of its sub-communicator `sub`."""
+    part, whole = sub.Get_group(), comm.Get_group()
+    try:
+        return part.Translate_ranks(range(sub.Get_size()), whole)
+    finally:
+        part.Free()
+        whole.Free()
 
 
 def _in_world(hook, ranks):
