@@ -488,7 +488,9 @@ def main(argv: list[str] | None = None) -> int:
     except SimClusterError as e:
         print(f"fastring-run: {e}", file=sys.stderr)
         return 2
-    except _Stop as stop:
+    except _Stop as stop:  # while the hosts were made, before the job started
+        what = "interrupted" if stop.signum == signal.SIGINT else "terminated"
+        print(f"fastring-run: {what} while making the simulated hosts", file=sys.stderr, flush=True)
         return 128 + stop.signum
     finally:
         for s in _STOP_SIGNALS:  # a Ctrl-C must not cut the cleanup short
