@@ -3,6 +3,9 @@
 Example:
     fastring-run -np 2 python -c "import fastring; fastring.init(); print(fastring.rank())"
 
+With --sim-hosts H the job runs on H simulated hosts of this machine (root only; see
+fastring/tools/simcluster.py), which are removed afterwards whatever happens.
+
 Failure behaviour (the README's "Failure behaviour" section says the same for users):
 
 * A rank that ends with a non-zero exit code or an uncaught exception ends the job with that
