@@ -17,6 +17,11 @@ SMALL_MESSAGE_BYTES = 64 * 1024
 # reduced. Chosen by measurement against 64 KiB-8 MiB at np=2 on the reference machine that
 # BENCHMARKS.md describes.
 RING_SEGMENT_BYTES = 1024 * 1024
+# Where the ring crosses hosts, segments of this size instead: over TCP each MPI message costs
+# a rendezvous round trip that waits behind the previous message's bytes on the same stream,
+# an idle wire for every segment. On simulated hosts at 2 Gbit/s (2 x 1 ranks, interleaved in
+# one launch) a 64 MiB ring took 1.4x MPI_Allreduce's time in 1 MiB segments and 0.9x in 16 MiB.
+NETWORK_RING_SEGMENT_BYTES = 16 * 1024 * 1024
 # The ring on a 16-bit wire runs whole (reduce-scatter and allgather) one segment at a time,
 # through three 16-bit buffers of a segment each. Small segments stay in cache and large ones
 # stream; which is faster depends on how the cores share their caches at the time, which can

@@ -17,9 +17,11 @@ log = logging.getLogger("fastring")
 class Runtime:
     """What `init` sets up: a private duplicate of the communicator and the rank layout."""
 
-    def __init__(self, transport, config: _config.Config):
+    def __init__(self, transport, config: _config.Config, make_transport=None):
         """`transport`: the fastring._transport.Transport over a private duplicate of the
-        user's communicator (built by the layer above, which owns the transport)."""
+        user's communicator (built by the layer above, which owns the transport);
+        `make_transport(comm)` builds one over another communicator, for the host and
+        cross-host levels of a job with several hosts of several ranks each (`hierarchy`)."""
         self.config = config
         self.transport = transport
         comm = transport.comm
@@ -29,9 +31,21 @@ class Runtime:
         self.local_rank, self.local_size = local.Get_rank(), local.Get_size()
         cross = comm.Split(color=self.local_rank, key=self.rank)
         self.cross_rank, self.cross_size = cross.Get_rank(), cross.Get_size()
+        # True on every rank alike when the ranks are on more than one host
+        self.crosses_hosts = self.local_size < self.size
+        # (host level, cross-host level) as (transport, world rank of each of its ranks), or
+        # None: only when every host has the same number of ranks, several of them, and
+        # there are several hosts. The test is collective, so every rank decides alike.
+        self.hierarchy = None
+        fewest, most = comm.allreduce(self.local_size, MPI.MIN), comm.allreduce(self.local_size, MPI.MAX)
+        if make_transport is not None and fewest == most > 1 and self.cross_size > 1:
+            self.hierarchy = tuple((make_transport(c), _world_ranks(c, comm)) for c in (local, cross))
         local.Free()
         cross.Free()
-        self.transport.enable_single_copy()
+        if self.local_size == self.size:
+            # memory reaches across processes only on one host: on simulated hosts (network
+            # namespaces of one machine) it would, and would skip the network
+            self.transport.enable_single_copy()
         self._scratch = np.empty(0, np.uint8)
         # The engine sits above this layer: api.process builds it and hangs it here.
         self.engine = None
@@ -41,6 +55,13 @@ class Runtime:
         self.process_sets: dict = {}
         self.next_process_set_id = 0
         self.world_ranks: list[int] | None = None
+
+    def set_stall(self, interval: float, hook) -> None:
+        """`Transport.set_stall` on every transport of this runtime; the hierarchy's report
+        their partners by rank in the runtime's communicator, as the main one does."""
+        self.transport.set_stall(interval, hook)
+        for transport, ranks in self.hierarchy or ():
+            transport.set_stall(interval, None if hook is None else _in_world(hook, ranks))
 
     def scratch(self, nbytes: int) -> np.ndarray:
         """A reusable byte buffer of at least `nbytes` (grown, never shrunk)."""
@@ -52,7 +73,24 @@ class Runtime:
         """Stop the engine (if any) and free the communicator."""
         if self.engine is not None:
             self.engine.shutdown()
+        for transport, _ in self.hierarchy or ():
+            transport.free()
         self.transport.free()
+
+
+def _world_ranks(sub: MPI.Comm, comm: MPI.Comm) -> list[int]:
+    """The rank in `comm` of each rank of its sub-communicator `sub`."""
+    part, whole = sub.Get_group(), comm.Get_group()
+    try:
+        return part.Translate_ranks(range(sub.Get_size()), whole)
+    finally:
+        part.Free()
+        whole.Free()
+
+
+def _in_world(hook, ranks):
+    """`hook(partner, waited)` for a transport whose rank i is `ranks[i]` of the runtime's."""
+    return lambda partner, waited: hook(ranks[partner] if partner >= 0 else partner, waited)
 
 
 _runtime: Runtime | None = None

@@ -14,12 +14,12 @@ import weakref
 import numpy as np
 
 from .. import kernels
-from .._core.config import (RING_SEGMENT_BYTES, SMALL_MESSAGE_BYTES, WIRE_SEGMENT_ELEMENTS,
+from .._core.config import (SMALL_MESSAGE_BYTES, WIRE_SEGMENT_ELEMENTS,
                             WIRE_SEGMENT_RETRY_CALLS, WIRE_STREAM_SEGMENT_ELEMENTS)
 from .._core.dtypes import spec_of
 from .._core.ops import KERNEL_OP, MPI_BOOL_OP, MPI_OP, ReduceOp
 from .._transport import array_address, ring_reduce_scatter_to
-from .base import Message, Reduction, chunk_offsets
+from .base import Message, Reduction, chunk_offsets, ring_segment
 
 
 class InCycle:
@@ -169,7 +169,7 @@ class Ring:
         flat, spec, src = r.flat, r.spec, r.src
         itemsize = spec.dtype.itemsize
         offsets = chunk_offsets(flat.size, rt.size, itemsize)
-        segment = max(itemsize, RING_SEGMENT_BYTES - RING_SEGMENT_BYTES % itemsize)
+        segment = ring_segment(rt, itemsize)
         reduce_fn = kernels.reduce_cfunc(KERNEL_OP[r.op], spec.dtype)
         with r.phase("reduce-scatter"):
             if src is not None:

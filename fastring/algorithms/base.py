@@ -9,6 +9,7 @@ from typing import Any, Callable, ContextManager
 
 import numpy as np
 
+from .._core.config import NETWORK_RING_SEGMENT_BYTES, RING_SEGMENT_BYTES
 from .._core.dtypes import DtypeSpec
 from .._core.ops import ReduceOp
 from .._core.work import nothing
@@ -89,3 +90,17 @@ def chunk_offsets(count: int, parts: int, itemsize: int) -> np.ndarray:
     np.cumsum(sizes * itemsize, out=offsets[1:])
     offsets.flags.writeable = False
     return offsets
+
+
+def ring_segment(rt, itemsize: int) -> int:
+    """The ring's segment in bytes on `rt` (a runtime or a level of the hierarchy), a multiple
+    of `itemsize`: NETWORK_RING_SEGMENT_BYTES where the ring crosses hosts, RING_SEGMENT_BYTES
+    through memory (fastring/_core/config.py says why). Every rank of `rt` gets the same.
+
+    Example:
+        >>> from types import SimpleNamespace
+        >>> ring_segment(SimpleNamespace(crosses_hosts=False), 12)
+        1048572
+    """
+    nbytes = NETWORK_RING_SEGMENT_BYTES if rt.crosses_hosts else RING_SEGMENT_BYTES
+    return max(itemsize, nbytes - nbytes % itemsize)

@@ -25,14 +25,13 @@ import numpy as np
 
 from .. import kernels
 from .._core import pool as _pool
-from .._core.config import (BROADCAST_CHAIN_BYTES, BROADCAST_SEGMENT_BYTES, BROADCAST_SINGLE_COPY_BYTES,
-                            RING_SEGMENT_BYTES)
+from .._core.config import BROADCAST_CHAIN_BYTES, BROADCAST_SEGMENT_BYTES, BROADCAST_SINGLE_COPY_BYTES
 from .._core.dtypes import spec_of
 from .._core.ops import KERNEL_OP, ReduceOp
 from .._core.work import AllreduceWork, finalizer, predivides, prescale, split_for_average, unpack
 from .._transport import (array_address, chain_broadcast, is_c_contiguous, pairwise_alltoall,
                           ring_reduce_scatter_into, single_copy_broadcast, tree_broadcast)
-from .base import Message, chunk_offsets
+from .base import Message, chunk_offsets, ring_segment
 
 log = logging.getLogger("fastring")
 
@@ -168,7 +167,7 @@ def reduce_scatter_rows(rt, arr: np.ndarray, work: AllreduceWork, counts: np.nda
     offsets = rows * row_bytes(arr)
     out = _pool.empty((int(rows[rt.rank + 1] - rows[rt.rank]),) + arr.shape[1:], arr.dtype)
     largest = int(np.diff(offsets).max())
-    segment = max(itemsize, RING_SEGMENT_BYTES - RING_SEGMENT_BYTES % itemsize)
+    segment = ring_segment(rt, itemsize)
     # Scratch: two chunks for the ring, then (when the input must be scaled first) a copy
     # of the input.
     scaled_at = -(-2 * largest // 64) * 64

@@ -42,7 +42,7 @@ def init(comm: MPI.Comm | None = None, process_sets=None) -> None:
     check_setting(config.algorithm)
     logging.basicConfig()
     log.setLevel(config.log_level.upper())
-    rt = Runtime(Transport(comm), config)
+    rt = Runtime(Transport(comm), config, make_transport=Transport)
     rt.engine = Engine(rt)
     install(rt)
     if not _atexit_registered:

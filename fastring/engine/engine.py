@@ -72,12 +72,11 @@ class Engine:
         self._executor = Executor(rt, self.timeline, self._complete)
         # Every wait of the data phase warns and gives up on time too (stall.DataStallReporter);
         # only a rank with a deadline abandons, so only then can an abandon notice come.
-        t = rt.transport
         self._data_stall = DataStallReporter(
             self.config.stall_check_time, self.config.stall_shutdown_time, lambda: self._executor.running,
             self._neg.check_abandoned if self.config.stall_shutdown_time > 0 and rt.size > 1 else None,
-            self._abandon, lambda interval: t.set_stall(interval, self._data_stall))
-        t.set_stall(self._data_stall.interval, self._data_stall)
+            self._abandon, lambda interval: rt.set_stall(interval, self._data_stall))
+        rt.set_stall(self._data_stall.interval, self._data_stall)
 
     # ----------------------------------------------------------------- submission
     def auto_name(self, kind: str) -> str:

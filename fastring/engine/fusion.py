@@ -126,10 +126,10 @@ class Executor:
         e = work.entries[0]
         if len(work.entries) != 1 or not is_c_contiguous(e.src):
             return None
-        if algorithm is algorithms.CompressedRing:
+        if _compresses(algorithm, work):
             # error feedback must change the input before the ring reads it
             return None if work.compression.error_feedback else e.src.reshape(-1)
-        if (algorithm is not algorithms.Ring or e.src is e.work or work.prescale != 1.0
+        if (algorithm not in (algorithms.Ring, algorithms.Hierarchical) or e.src is e.work or work.prescale != 1.0
                 or predivides(work, self.rt.size)):
             return None
         return e.src.reshape(-1)
@@ -139,7 +139,7 @@ class Executor:
         """Allreduce `flat` (or, given `src`, the unscaled input `src` into `flat`) with
         `algorithm`, finalizing as `work` says."""
         phase = self.phase(names)
-        if algorithm is algorithms.CompressedRing:
+        if _compresses(algorithm, work):
             # Under compression Average always divides first (predivides), so what is left
             # after the reduction is the postscale; an input packed into `flat` is scaled.
             size = self.rt.size
@@ -178,3 +178,9 @@ class Executor:
                 offset += n
         entries = req.allreduce.entries
         self.complete(req, [e.result for e in entries] if req.allreduce.grouped else entries[0].result)
+
+
+def _compresses(algorithm, work: AllreduceWork) -> bool:
+    """Whether `algorithm` sends `work` as 16-bit values, reading it scaled (Reduction.scale)."""
+    return algorithm is algorithms.CompressedRing or (
+        algorithm is algorithms.Hierarchical and work.compression.wire is not None)

@@ -3,6 +3,9 @@
 Example:
     fastring-run -np 2 python -c "import fastring; fastring.init(); print(fastring.rank())"
 
+With --sim-hosts H the job runs on H simulated hosts of this machine (root only; see
+fastring/tools/simcluster.py), which are removed afterwards whatever happens.
+
 Failure behaviour (the README's "Failure behaviour" section says the same for users):
 
 * A rank that ends with a non-zero exit code or an uncaught exception ends the job with that
@@ -61,6 +64,13 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("-np", "--num-proc", dest="np", type=int, required=True, help="number of ranks")
     p.add_argument("-H", "--hosts", help="comma-separated host:slots list, e.g. a:2,b:2")
     p.add_argument("--hostfile", help="file with one 'host[:slots]' per line")
+    p.add_argument("--sim-hosts", type=int, metavar="H",
+                   help="simulate H hosts on this machine (root; network namespaces joined by "
+                        "shaped veth links, MPI over TCP), -np / H ranks on each")
+    p.add_argument("--link-rate", help="with --sim-hosts: each host's outbound rate, e.g. 10gbit")
+    p.add_argument("--link-delay", help="with --sim-hosts: each host's outbound delay, e.g. 50us")
+    p.add_argument("--link-stats", action="store_true",
+                   help="with --sim-hosts: print the bytes each host sent over its link")
     p.add_argument("--timeline", help="write a Chrome-trace timeline to this path (FASTRING_TIMELINE)")
     p.add_argument("--fusion-threshold-mb", type=float, help="fusion buffer size in MiB")
     p.add_argument("--cycle-time-ms", type=float, help="ms between negotiation cycles")
@@ -89,6 +99,13 @@ def build_command(argv: list[str]) -> tuple[list[str], dict[str, str]]:
         raise SystemExit("fastring-run: no command given")
     if args.hosts and args.hostfile:
         raise SystemExit("fastring-run: give either -H or --hostfile, not both")
+    if args.sim_hosts is not None:
+        if args.hosts or args.hostfile:
+            raise SystemExit("fastring-run: --sim-hosts places the ranks itself; drop -H/--hostfile")
+        if args.sim_hosts < 1 or args.np % args.sim_hosts:
+            raise SystemExit(f"fastring-run: -np {args.np} must be a positive multiple of --sim-hosts {args.sim_hosts}")
+    elif args.link_rate or args.link_delay or args.link_stats:
+        raise SystemExit("fastring-run: --link-rate, --link-delay and --link-stats need --sim-hosts")
     if args.exit_grace is not None and args.exit_grace < 0:
         raise SystemExit(f"fastring-run: --exit-grace must not be negative, got {args.exit_grace}")
     env = dict(os.environ)
@@ -446,13 +463,50 @@ def _raise_stop(signum, frame):
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the console script; returns the job's exit code, 128 + N after signal N
-    (SIGINT, SIGTERM) stopped it.
+    (SIGINT, SIGTERM) stopped it. With --sim-hosts the job runs in a simulated cluster
+    (fastring/tools/simcluster.py) that is removed whatever happens, Ctrl-C included.
 
     Example:
         >>> main(["-np", "2", "python", "-c", "import sys; sys.exit(3)"])
         3
     """
-    cmd, env = build_command(sys.argv[1:] if argv is None else argv)
+    argv = sys.argv[1:] if argv is None else argv
+    cmd, env = build_command(argv)
+    args = _parser().parse_args(argv)
+    if args.sim_hosts is None:
+        return _run(cmd, env)
+    from .simcluster import SimCluster, SimClusterError
+    previous = {s: signal.signal(s, _raise_stop) for s in _STOP_SIGNALS}
+    cluster = None
+    try:
+        cluster = SimCluster(args.sim_hosts, rate=args.link_rate, delay=args.link_delay)
+        cluster.create()
+        cmd[1:1] = cluster.mpiexec_options(args.np // args.sim_hosts)
+        env.update(cluster.environment())
+        code = _run(cmd, env)
+        if args.link_stats:
+            for i, sent in enumerate(cluster.link_bytes()):
+                print(f"fastring-run: host {i} ({cluster.addresses[i]}) sent {sent} bytes", file=sys.stderr)
+        return code
+    except SimClusterError as e:
+        print(f"fastring-run: {e}", file=sys.stderr)
+        return 2
+    except _Stop as stop:  # while the hosts were made, before the job started
+        what = "interrupted" if stop.signum == signal.SIGINT else "terminated"
+        print(f"fastring-run: {what} while making the simulated hosts", file=sys.stderr, flush=True)
+        return 128 + stop.signum
+    finally:
+        for s in _STOP_SIGNALS:  # a Ctrl-C must not cut the cleanup short
+            signal.signal(s, signal.SIG_IGN)
+        problems = cluster.remove() if cluster is not None else []
+        for line in problems:
+            print(f"fastring-run: {line}", file=sys.stderr)
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+
+
+def _run(cmd: list[str], env: dict[str, str]) -> int:
+    """Run the job; on SIGINT/SIGTERM stop every rank and return 128 + the signal."""
     # Blocked until the handlers are set, so a Ctrl-C while the job starts is handled like
     # any other: it arrives at the unblocking below, inside the try.
     signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)

@@ -1,0 +1,125 @@
+"""Everything that must hold across hosts, in one launch under `fastring-run --sim-hosts H`:
+the topology, every collective (allreduce by the hierarchy where there is one, fused and
+alone, in place and not), compression, mismatch errors, then the stall inspector (last: it
+leaves the engine broken).
+usage: multihost.py H   (with FASTRING_STALL_CHECK_TIME=1, FASTRING_STALL_SHUTDOWN_TIME=3)"""
+import os
+import sys
+import time
+
+import numpy as np
+
+import _common as c
+import fastring
+from fastring import Compression
+from fastring._core.dtypes import spec_of
+from fastring._core.runtime import runtime
+from fastring.algorithms import choose
+
+HOSTS = int(sys.argv[1])
+N, R = c.SIZE, c.RANK
+L = N // HOSTS
+fastring.init()
+rt = runtime()
+
+# --- topology: ranks are placed host by host
+got = (fastring.local_rank(), fastring.local_size(), fastring.cross_rank(), fastring.cross_size())
+c.CHECKS.check(got == (R % L, L, R // L, HOSTS), f"topology (local rank, local size, cross rank, cross size) "
+                                                 f"{got}, expected {(R % L, L, R // L, HOSTS)}")
+c.CHECKS.check((rt.hierarchy is not None) == (L > 1 and HOSTS > 1), f"hierarchy {rt.hierarchy} with {L} per host")
+c.CHECKS.check(not rt.transport.single_copy, "broadcasts copy memory across simulated hosts")
+LARGE = 300_001  # past SMALL_MESSAGE_BYTES in every dtype below: the hierarchy's size
+expected_algorithm = "hierarchical" if rt.hierarchy is not None else "ring"
+for wire in (None, "fp16"):
+    name = choose("allreduce", 4 * LARGE, spec_of("float32"), wire=wire, rt=rt, setting="auto").name
+    if wire is None or rt.hierarchy is not None:
+        c.CHECKS.check(name == expected_algorithm, f"large allreduce (wire {wire}) runs {name}, not {expected_algorithm}")
+
+# --- allreduce: every op, integer and float dtypes, small (in the cycle) and large, in place too
+for dt in (np.dtype(np.int32), np.dtype(np.float32), np.dtype(np.float64), c.BF16, np.dtype(np.uint8)):
+    for op in (fastring.Sum, fastring.Average, fastring.Min, fastring.Max, fastring.Product):
+        for length in (7, LARGE):
+            inputs = [c.rank_input(dt, length, r, 31) for r in range(N)]
+            expected, bound = c.reference(inputs, op, N)
+            tag = f"allreduce {dt} {op.name} n={length}"
+            c.check_close(tag, fastring.allreduce(inputs[R], op=op, name=tag), expected, bound)
+            inplace = inputs[R].copy()
+            fastring.allreduce(inplace, op=op, name=tag + " in place", out=inplace)
+            c.check_close(tag + " in place", inplace, expected, bound)
+            c.check_identical(tag, inplace)
+
+# fused: many tensors in flight at once share the fusion buffer (and its hierarchical run)
+inputs = [[c.rank_input(np.dtype(np.float32), 40_000 + k, r, 40 + k) for k in range(8)] for r in range(N)]
+handles = [fastring.allreduce_async(inputs[R][k], op=fastring.Sum, name=f"fused {k}") for k in range(8)]
+for k, h in enumerate(handles):
+    expected, bound = c.reference([inputs[r][k] for r in range(N)], fastring.Sum, N)
+    c.check_close(f"fused {k}", fastring.synchronize(h), expected, bound)
+
+# --- compression: the documented bound (tests/workers/compression.py), identical bits everywhere
+U = {"fp16": 2.0 ** -11, "bf16": 2.0 ** -8}
+for comp in (Compression.fp16, Compression.bf16):
+    for op, pre, post in ((fastring.Average, 1.0, 1.0), (fastring.Sum, 0.5, 4.0)):
+        inputs = [(np.random.default_rng([7, r]).standard_normal(LARGE) * 100).astype(np.float32) for r in range(N)]
+        tag = f"{comp} {op.name} pre={pre} post={post}"
+        got = fastring.allreduce(inputs[R], op=op, compression=comp, prescale_factor=pre, postscale_factor=post)
+        stack = np.stack([x.astype(np.float64) * pre for x in inputs])
+        exact = (stack.sum(0) / (N if op == fastring.Average else 1)) * post
+        scale = pre / N if op == fastring.Average else pre
+        limit = (N * U[comp.wire] * np.sum(np.abs(stack), axis=0) * scale / pre + N * 2.0 ** -25) * post
+        c.check_close(tag, got, exact, limit)
+        c.check_identical(tag, got)
+
+# --- the other collectives
+rows = R + 1  # uneven first dimensions
+got = fastring.allgather(np.full((rows, 3), R, np.int64), name="allgather")
+c.check_close("allgather", got, np.concatenate([np.full((r + 1, 3), r, np.int64) for r in range(N)]), 0)
+for root in {0, N - 1}:
+    data = c.rank_input(np.dtype(np.float32), 200_003, root, 50)
+    got = fastring.broadcast(data if R == root else np.zeros_like(data), root_rank=root, name=f"broadcast {root}")
+    c.check_close(f"broadcast from {root}", got, data, 0)
+got = fastring.alltoall(np.arange(N * 2, dtype=np.int32) + 100 * R, name="alltoall")
+c.check_close("alltoall", got, np.concatenate([np.arange(2 * R, 2 * R + 2, dtype=np.int32) + 100 * r
+                                                for r in range(N)]), 0)
+inputs = [c.rank_input(np.dtype(np.int64), (2 * N + 1, 2), r, 60) for r in range(N)]
+got = fastring.reducescatter(inputs[R], op=fastring.Sum, name="reducescatter")
+full = np.add.reduce(np.stack(inputs))
+lo = sum(len(a) for a in np.array_split(full, N)[:R])
+c.check_close("reducescatter", got, full[lo:lo + len(np.array_split(full, N)[R])], 0)
+fastring.barrier()
+
+# --- restarting keeps the layout; any forced algorithm turns the hierarchy off
+for setting in ("ring", "auto"):
+    c.reinit(setting)
+    rt = runtime()
+    want = "ring" if setting == "ring" else expected_algorithm
+    name = choose("allreduce", 4 * LARGE, spec_of("float32"), rt=rt, setting=setting).name
+    c.CHECKS.check(name == want, f"after init under {setting}: {name}, expected {want}")
+    inputs = [c.rank_input(np.dtype(np.float32), LARGE, r, 70) for r in range(N)]
+    expected, bound = c.reference(inputs, fastring.Average, N)
+    c.check_close(f"allreduce after init under {setting}", fastring.allreduce(inputs[R]), expected, bound)
+
+# --- a mismatch across hosts: every rank raises the error that names the field and ranks
+try:
+    fastring.allreduce(np.ones(4 if R == 0 else 5, np.float32), name="mismatched")
+    c.CHECKS.fail("no error for mismatched shapes")
+except fastring.FastringError as e:
+    c.CHECKS.check("shape differs" in str(e) and "rank 0: (4,)" in str(e), f"mismatch error: {e}")
+c.done(f"multihost on {HOSTS} hosts")
+
+# --- the stall inspector: the last rank never submits; the others fail naming it in time
+start = time.monotonic()
+if R != N - 1:
+    try:
+        fastring.allreduce(np.ones(LARGE, np.float32), name="lonely")
+        c.fail("no FastringError for a stalled allreduce")
+    except fastring.FastringError as e:
+        waited = time.monotonic() - start
+        if "rank " not in str(e) or not 2.5 <= waited < 30:
+            c.fail(f"stall error after {waited:.1f} s: {e}")
+        print(f"rank {R} stalled after {waited:.1f}s: {e}", flush=True)
+else:
+    time.sleep(6)
+c.COMM.Barrier()  # leave together, skipping MPI_Finalize: the abandoned cycle is outstanding
+sys.stdout.flush()
+sys.stderr.flush()
+os._exit(0)
