@@ -13,7 +13,7 @@ Example:
 import fastring
 from fastring import Compression, FastringError, ReduceOp
 
-from . import collectives, training
+from . import collectives
 from .collectives import *  # noqa: F401,F403 - the names of its __all__
 from .training import DistributedGradients, allreduce_pytree, broadcast_pytree
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import itertools
 from typing import Any, Callable, Sequence
 
 import jax
@@ -82,14 +83,31 @@ def _spec(shape, dtype) -> jax.ShapeDtypeStruct:
     return jax.ShapeDtypeStruct(tuple(shape), dtype)
 
 
-def _run(core_fn: Callable, specs, *arrays):
-    """`core_fn` (numpy arrays in, numpy results out) on `arrays`: now if they are concrete,
-    else as one ordered host call of the compiled program, whose results have `specs`."""
-    def host(*xs):
-        return core_fn(*(_host_view(x) for x in xs))
+class _Names:
+    """Names for the unnamed collectives of compiled programs, `jax.<kind>.<n>`, numbered in
+    the order they run. The core numbers unnamed collectives per calling thread, and XLA runs
+    host calls on whichever of its threads is free; ordered host calls run one at a time in
+    program order, so this one count is the same on every rank."""
+
+    def __init__(self) -> None:
+        self._count = itertools.count()
+
+    def next(self, kind: str) -> str:
+        return f"jax.{kind}.{next(self._count)}"
+
+
+_NAMES = _Names()
+
+
+def _run(kind: str, core_fn: Callable, specs, name: str | None, *arrays):
+    """`core_fn(name, *arrays)` (numpy arrays in, numpy results out): now if the arrays are
+    concrete, else as one ordered host call of the compiled program, whose results have
+    `specs` and whose name, if the caller gave none, is numbered when it runs."""
     if _traced(*arrays):
+        def host(*xs):
+            return core_fn(name or _NAMES.next(kind), *(_host_view(x) for x in xs))
         return host_call(host, specs, *arrays)
-    return _as_jax(host(*arrays))
+    return _as_jax(core_fn(name, *(_host_view(x) for x in arrays)))
 
 
 def _check_op(op) -> ReduceOp:
@@ -104,9 +122,11 @@ def _check_differentiable(op: ReduceOp, kind: str) -> None:
                                   "fastring.jax; only Sum and Average are differentiable")
 
 
-def _check_rows(kind: str, rows: int) -> None:
-    """Raise FastringError on every rank unless every rank passed `rows` (one tiny allreduce)."""
-    high, neg_low = fastring.allreduce(np.array([rows, -rows], np.int64), op=ReduceOp.Max)
+def _check_rows(kind: str, name: str | None, rows: int) -> None:
+    """Raise FastringError on every rank unless every rank passed `rows` (one tiny allreduce,
+    named after the collective it guards)."""
+    high, neg_low = fastring.allreduce(np.array([rows, -rows], np.int64), op=ReduceOp.Max,
+                                       name=None if name is None else name + ".rows")
     if high != -neg_low:
         raise FastringError(f"{kind} inside jax.jit (or differentiated) needs the same dimension 0 "
                             f"on every rank, but the ranks passed from {-neg_low} to {high} rows")
@@ -127,7 +147,7 @@ class _Reduction:
         return scale / fastring.size() if self.op == ReduceOp.Average else scale
 
     def kwargs(self) -> dict:
-        return dict(op=self.op, name=self.name, prescale_factor=self.prescale_factor,
+        return dict(op=self.op, prescale_factor=self.prescale_factor,
                     postscale_factor=self.postscale_factor)
 
     def for_gradient(self) -> "_Reduction":
@@ -143,8 +163,9 @@ def _reduction(op, name, compression, prescale_factor, postscale_factor) -> _Red
 # ----------------------------------------------------------------- allreduce
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
 def _allreduce(how: _Reduction, x):
-    return _run(lambda a: fastring.allreduce(a, compression=how.compression, **how.kwargs()),
-                _spec(x.shape, x.dtype), x)
+    return _run("allreduce", lambda name, a: fastring.allreduce(a, name=name, compression=how.compression,
+                                                            **how.kwargs()),
+                _spec(x.shape, x.dtype), how.name, x)
 
 
 def _allreduce_fwd(how, x):
@@ -182,8 +203,10 @@ def allreduce(tensor: jax.Array, op: ReduceOp = Average, *, name: str | None = N
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
 def _grouped_allreduce(how: _Reduction, xs: tuple):
     specs = [_spec(x.shape, x.dtype) for x in xs]
-    return tuple(_run(lambda *a: fastring.grouped_allreduce(list(a), compression=how.compression,
-                                                            **how.kwargs()), specs, *xs))
+    return tuple(_run("grouped_allreduce",
+                      lambda name, *a: fastring.grouped_allreduce(list(a), name=name,
+                                                                  compression=how.compression, **how.kwargs()),
+                      specs, how.name, *xs))
 
 
 def _grouped_fwd(how, xs):
@@ -226,14 +249,14 @@ def grouped_allreduce(tensors: Sequence[jax.Array], op: ReduceOp = Average, *, n
 def _gather_rows(x, name: str | None, total: int, check_equal: bool):
     """Allgather whose result has `total` rows (static); with `check_equal`, every rank first
     confirms that every rank passed the same rows."""
-    def host(a):
+    def gather(name, a):
         if check_equal:
-            _check_rows("allgather", a.shape[0])
+            _check_rows("allgather", name, a.shape[0])
         out = fastring.allgather(a, name=name)
         if out.shape[0] != total:  # only a broken caller of this module gets here
             raise FastringError(f"allgather gave {out.shape[0]} rows where {total} were expected")
         return out
-    return _run(host, _spec((total,) + x.shape[1:], x.dtype), x)
+    return _run("allgather", gather, _spec((total,) + x.shape[1:], x.dtype), name, x)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
@@ -271,13 +294,14 @@ def allgather(tensor: jax.Array, *, name: str | None = None) -> jax.Array:
         raise ValueError("allgather needs at least one dimension, got a 0-d array")
     if _traced(x):
         return _allgather_equal(name, x)
-    return _run(lambda a: fastring.allgather(a, name=name), None, x)
+    return _run("allgather", lambda name, a: fastring.allgather(a, name=name), None, name, x)
 
 
 # ----------------------------------------------------------------- broadcast
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
 def _broadcast(root_rank: int, name, x):
-    return _run(lambda a: fastring.broadcast(a, root_rank, name=name), _spec(x.shape, x.dtype), x)
+    return _run("broadcast", lambda name, a: fastring.broadcast(a, root_rank, name=name),
+                _spec(x.shape, x.dtype), name, x)
 
 
 def _broadcast_fwd(root_rank, name, x):
@@ -312,10 +336,10 @@ def broadcast(tensor: jax.Array, root_rank: int, *, name: str | None = None) -> 
 # ----------------------------------------------------------------- alltoall
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
 def _alltoall_equal(name, x):
-    def host(a):
-        _check_rows("alltoall", a.shape[0])
+    def exchange(name, a):
+        _check_rows("alltoall", name, a.shape[0])
         return fastring.alltoall(a, name=name)
-    return _run(host, _spec(x.shape, x.dtype), x)
+    return _run("alltoall", exchange, _spec(x.shape, x.dtype), name, x)
 
 
 def _alltoall_fwd(name, x):
@@ -352,13 +376,13 @@ def alltoall(tensor: jax.Array, splits=None, *, name: str | None = None):
             raise NotImplementedError("alltoall with splits cannot run inside jax.jit: the rows "
                                       "each rank receives are known only at run time; call it "
                                       "outside jit, or use equal splits (splits=None)")
-        return _run(lambda a: fastring.alltoall(a, splits, name=name), None, x)
+        return _run("alltoall", lambda name, a: fastring.alltoall(a, splits, name=name), None, name, x)
     if x.shape[0] % fastring.size():
         raise ValueError(f"alltoall without splits divides dimension 0 equally, but {x.shape[0]} "
                          f"rows do not divide among {fastring.size()} ranks")
     if _traced(x):
         return _alltoall_equal(name, x)
-    return _run(lambda a: fastring.alltoall(a, name=name), None, x)
+    return _run("alltoall", lambda name, a: fastring.alltoall(a, name=name), None, name, x)
 
 
 # ----------------------------------------------------------------- reducescatter
@@ -370,7 +394,8 @@ def _scattered_rows(rows: int) -> int:
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
 def _reducescatter(how: _Reduction, x):
     shape = (_scattered_rows(x.shape[0]),) + x.shape[1:]
-    return _run(lambda a: fastring.reducescatter(a, **how.kwargs()), _spec(shape, x.dtype), x)
+    return _run("reducescatter", lambda name, a: fastring.reducescatter(a, name=name, **how.kwargs()),
+                _spec(shape, x.dtype), how.name, x)
 
 
 def _reducescatter_fwd(how, x):
