@@ -3,15 +3,8 @@ outside and inside jax.jit against NumPy references, the gradients against what 
 process computes for the same sums, the training helpers (one fused allreduce per dtype per
 step), the cross-rank mismatches (an error on every rank, and the next jitted step works)
 and the local argument errors."""
-import sys
+import jax
 
-# This folder holds compression.py, a worker, which jax's `from compression import zstd`
-# (the standard library's module from Python 3.14) would import and run: leave it off the
-# path while JAX loads.
-_HERE = sys.path.pop(0)
-import jax  # noqa: E402
-
-sys.path.insert(0, _HERE)
 jax.config.update("jax_enable_x64", True)  # int64 and float64 stay what they are
 
 import jax.numpy as jnp  # noqa: E402
