@@ -16,8 +16,14 @@ import json
 import statistics
 import time
 
+import os
+
 import numpy as np
 from mpi4py import MPI
+
+# XLA's CPU thread pool spins between computations; with one rank per core that steals the
+# cores the collectives wait on. One thread, as every rank runs its collectives on one anyway.
+os.environ.setdefault("XLA_FLAGS", "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1")
 
 SIZES = [4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20]
 
