@@ -3,8 +3,9 @@ own allreduce on numpy, on the same buffers in one launch.
 
 Each timed call is one jitted function running `--reps` allreduces (Sum, float32) in a
 lax.fori_loop, so that jit dispatch is paid once per call, not once per allreduce; the ranks
-meet at an MPI barrier before every call. A size's time is the median over `--iters` calls,
-divided by the reps. Run under fastring-run (np=2 is the performance configuration):
+meet at an MPI barrier before every call, and the three methods take turns in every
+iteration. A size's time is the median over `--iters` calls, divided by the reps; its ratio
+the median of the per-iteration ratios. Run under fastring-run (np=2 is the performance configuration):
 
     fastring-run -np 2 python scripts/jax_bench.py --json out.json
     python scripts/jax_bench.py --summarize out1.json out2.json ...   # min and median ratios
@@ -32,19 +33,12 @@ def reps_for(nbytes: int) -> int:
     return max(2, min(50, (8 << 20) // nbytes))
 
 
-def time_calls(fn, x, iters: int, comm) -> float:
-    """Median seconds of one call of `fn(x)` over `iters` calls, ranks started together."""
-    fn(x).block_until_ready()  # compile and warm up
-    times = []
-    for _ in range(iters):
-        comm.Barrier()
-        t0 = time.perf_counter()
-        fn(x).block_until_ready()
-        times.append(time.perf_counter() - t0)
-    # each call counts as long as its slowest rank took
-    slowest = np.empty(len(times))
-    comm.Allreduce(np.array(times), slowest, op=MPI.MAX)
-    return float(np.median(slowest))
+def call_seconds(fn, x, comm) -> float:
+    """Seconds one call of `fn(x)` took on the slowest rank, the ranks started together."""
+    comm.Barrier()
+    t0 = time.perf_counter()
+    fn(x).block_until_ready()
+    return comm.allreduce(time.perf_counter() - t0, op=MPI.MAX)
 
 
 def measure(args) -> dict:
@@ -78,15 +72,10 @@ def measure(args) -> dict:
             break
         reps = reps_for(nbytes)
         x = jnp.ones(nbytes // 4, jnp.float32)
-        row = {"bytes": nbytes, "reps": reps}
-        row["fastring_jax"] = time_calls(looped(lambda v: fj.allreduce(v, op=fj.Sum), reps), x, args.iters, comm) / reps
-        if mpi4jax is not None:
-            row["mpi4jax"] = time_calls(looped(lambda v: mpi4jax.allreduce(v, op=MPI.SUM, comm=comm), reps),
-                                        x, args.iters, comm) / reps
         host = np.ones(nbytes // 4, np.float32)
         out = np.empty_like(host)
 
-        class _Numpy:  # the same protocol as a jitted call: one call, `reps` allreduces
+        class _Numpy:  # the protocol of a jitted call: one call, `reps` allreduces
             def __call__(self, a):
                 for _ in range(reps):
                     fastring.allreduce(a, op=fastring.Sum, out=out)
@@ -94,7 +83,24 @@ def measure(args) -> dict:
 
             def block_until_ready(self):
                 return self
-        row["fastring_numpy"] = time_calls(_Numpy(), host, args.iters, comm) / reps
+
+        methods = {"fastring_jax": (looped(lambda v: fj.allreduce(v, op=fj.Sum), reps), x),
+                   "fastring_numpy": (_Numpy(), host)}
+        if mpi4jax is not None:
+            methods["mpi4jax"] = (looped(lambda v: mpi4jax.allreduce(v, op=MPI.SUM, comm=comm), reps), x)
+        for fn, arg in methods.values():
+            fn(arg).block_until_ready()  # compile and warm up
+        # The methods take turns within every iteration, so that a change of the machine's
+        # load during the launch falls on all of them alike.
+        times = {key: [] for key in methods}
+        for _ in range(args.iters):
+            for key, (fn, arg) in methods.items():
+                times[key].append(call_seconds(fn, arg, comm) / reps)
+        row = {"bytes": nbytes, "reps": reps}
+        row.update({key: float(np.median(t)) for key, t in times.items()})
+        if mpi4jax is not None:
+            row["mpi4jax_ratio"] = float(np.median(np.array(times["mpi4jax"]) / np.array(times["fastring_jax"])))
+        row["numpy_ratio"] = float(np.median(np.array(times["fastring_numpy"]) / np.array(times["fastring_jax"])))
         rows.append(row)
         if comm.Get_rank() == 0:
             print(_line(row), flush=True)
@@ -105,7 +111,7 @@ def _line(row: dict) -> str:
     parts = [f"{row['bytes']:>10d} B", f"fastring.jax {row['fastring_jax'] * 1e6:10.1f} us"]
     if "mpi4jax" in row:
         parts.append(f"mpi4jax {row['mpi4jax'] * 1e6:10.1f} us")
-        parts.append(f"mpi4jax/fastring.jax {row['mpi4jax'] / row['fastring_jax']:6.2f}")
+        parts.append(f"mpi4jax/fastring.jax {row['mpi4jax_ratio']:6.2f}")
     parts.append(f"fastring numpy {row['fastring_numpy'] * 1e6:10.1f} us")
     return " | ".join(parts)
 
@@ -124,12 +130,12 @@ def summarize(paths: list[str]) -> None:
         npy = [r["fastring_numpy"] for r in rows]
         cells = [_size(row["bytes"]), f"{statistics.median(jx) * 1e6:.1f}"]
         if all("mpi4jax" in r for r in rows):
-            peer = [r["mpi4jax"] / r["fastring_jax"] for r in rows]
+            peer = [r["mpi4jax_ratio"] for r in rows]
             cells += [f"{statistics.median(r['mpi4jax'] for r in rows) * 1e6:.1f}",
                       f"{min(peer):.2f}", f"{statistics.median(peer):.2f}"]
         else:
             cells += ["-", "-", "-"]
-        own = [r["fastring_numpy"] / r["fastring_jax"] for r in rows]
+        own = [r["numpy_ratio"] for r in rows]
         cells += [f"{statistics.median(npy) * 1e6:.1f}", f"{min(own):.2f}", f"{statistics.median(own):.2f}"]
         print("| " + " | ".join(cells) + " |")
 
@@ -140,7 +146,7 @@ def _size(n: int) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--iters", type=int, default=7)
+    parser.add_argument("--iters", type=int, default=9)
     parser.add_argument("--max-bytes", type=int, default=64 << 20)
     parser.add_argument("--json", help="write the measurements here (rank 0)")
     parser.add_argument("--summarize", nargs="+", metavar="JSON", help="aggregate earlier launches")
