@@ -8,7 +8,7 @@ from fastring import Compression
 
 @pytest.mark.parametrize("n", [1, 2, 3, 4])
 def test_compressed_allreduce(mpirun, n):
-    mpirun(n, "compression")
+    mpirun(n, "compressed_allreduce")
 
 
 @pytest.mark.parametrize("comp, wire", [(Compression.fp16, np.float16), (Compression.bf16, fastring._core.dtypes.BFLOAT16)])

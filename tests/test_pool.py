@@ -52,6 +52,18 @@ def test_torch_tensor_keeps_its_buffer():
     assert float(t[0]) == 3.0
 
 
+def test_pooled_buffers_are_aligned_for_zero_copy_import():
+    # Every view handed out, after a reshape to another dtype too, starts on the boundary
+    # XLA's CPU client needs to import it without a copy.
+    pool = Pool()
+    held = [pool.empty((n,), np.uint8) for n in (65536, 70000, 100_001, 1 << 20)]
+    again = pool.empty((1 << 13,), np.float64)
+    del held[0]
+    reused = pool.empty((1 << 14,), np.int32)
+    for a in held + [again, reused]:
+        assert a.ctypes.data % config.POOL_ALIGN_BYTES == 0
+
+
 def test_small_buffers_are_plain_allocations():
     pool = Pool()
     a = pool.empty((4,), np.float32)

@@ -135,6 +135,9 @@ POOL_PER_SIZE = 8
 # 112 MB to 2.7 GB.
 POOL_MAX_BYTES = 128 << 20
 POOL_MAX_ENTRIES = 256
+# Pooled buffers start on this boundary: XLA's CPU client imports (DLPack, device_put) host
+# memory without a copy only when it is 64-byte aligned, and numpy's allocator gives 16.
+POOL_ALIGN_BYTES = 64
 # Error-feedback residuals (fastring._core.residuals), one per tensor name, on the host and
 # on the device. A residual dropped costs that tensor one step's rounding correction, so the
 # caps sit well above a real model's gradients - 4 GiB is every float32 gradient of a

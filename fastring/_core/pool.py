@@ -24,7 +24,7 @@ from collections import OrderedDict
 
 import numpy as np
 
-from .config import (POOL_CLASSES_PER_OCTAVE, POOL_MAX_BYTES, POOL_MAX_ENTRIES, POOL_MIN_BYTES,
+from .config import (POOL_ALIGN_BYTES, POOL_CLASSES_PER_OCTAVE, POOL_MAX_BYTES, POOL_MAX_ENTRIES, POOL_MIN_BYTES,
                      POOL_PER_SIZE)
 
 _getrefcount = sys.getrefcount
@@ -47,11 +47,25 @@ def size_class(nbytes: int) -> int:
 
 class _Slot:
     """One pooled buffer and the view of it last handed out (reused while the caller asks
-    for the same shape and dtype, so the hot path builds no array)."""
-    __slots__ = ("base", "view", "key")
+    for the same shape and dtype, so the hot path builds no array).
 
-    def __init__(self, base: np.ndarray, view: np.ndarray, key: tuple) -> None:
-        self.base, self.view, self.key = base, view, key
+    `base` is the allocation, POOL_ALIGN_BYTES longer than the size class; views start at
+    `start`, its first aligned byte.
+    """
+    __slots__ = ("base", "start", "view", "key")
+
+    def __init__(self, size: int, key: tuple) -> None:
+        self.base = np.empty(size + POOL_ALIGN_BYTES, np.uint8)
+        self.start = -self.base.ctypes.data % POOL_ALIGN_BYTES
+        self.view_as(key)
+
+    def view_as(self, key: tuple) -> None:
+        shape, dtype = key
+        nbytes = dtype.itemsize * math.prod(shape)
+        self.view, self.key = self.base[self.start:self.start + nbytes].view(dtype).reshape(shape), key
+
+    def size(self) -> int:
+        return self.base.size - POOL_ALIGN_BYTES
 
 
 # A slot is free when only the pool references its buffer and view. Counted by getrefcount
@@ -133,7 +147,7 @@ class Pool:
                     self._lru.move_to_end(slot)
                     if slot.key != key:
                         self._unkey(slot)
-                        slot.view, slot.key = slot.base[:nbytes].view(dtype).reshape(shape), key
+                        slot.view_as(key)
                     self._by_key[key] = slot
                     return slot.view
             if len(slots) >= self.per_size:  # all held: this one is the caller's alone
@@ -142,8 +156,7 @@ class Pool:
             return np.empty(shape, dtype)
         while self._bytes + size > self.max_bytes or len(self._lru) >= self.max_entries:
             self._evict()
-        base = np.empty(size, np.uint8)
-        slot = _Slot(base, base[:nbytes].view(dtype).reshape(shape), key)
+        slot = _Slot(size, key)
         self._by_size.setdefault(size, []).append(slot)
         self._by_key[key] = slot
         self._lru[slot] = None
@@ -163,7 +176,7 @@ class Pool:
             victim = next(iter(self._lru))
         del self._lru[victim]
         self._unkey(victim)
-        size = victim.base.size
+        size = victim.size()
         slots = self._by_size[size]
         slots.remove(victim)
         if not slots:
