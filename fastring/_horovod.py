@@ -160,3 +160,80 @@ def compressed(compression, tensor, reduce):
         return reduce(tensor, compression)
     compressed, ctx = compression.compress(tensor)
     return compression.decompress(reduce(compressed, None), ctx)
+
+
+def broadcast_object(obj: Any, root_rank: int = 0, name: str | None = None,
+                     process_set=global_process_set) -> Any:
+    """Every rank receives a copy of `root_rank`'s picklable object (cloudpickle).
+
+    Example:
+        >>> from fastring import _horovod as hvd
+        >>> hvd.init()
+        >>> hvd.broadcast_object({"epoch": 3} if hvd.fastring.rank() == 0 else None, root_rank=0)
+        {'epoch': 3}
+    """
+    check_process_set(process_set)
+    return fastring.broadcast_object(obj, root_rank, name=full_name("broadcast_object", name))
+
+
+def allgather_object(obj: Any, name: str | None = None, process_set=global_process_set) -> list:
+    """A list with every rank's picklable object, in rank order.
+
+    Example:
+        >>> from fastring import _horovod as hvd
+        >>> hvd.init()
+        >>> hvd.allgather_object(hvd.fastring.rank())   # on 1 rank
+        [0]
+    """
+    check_process_set(process_set)
+    return fastring.allgather_object(obj, name=full_name("allgather_object", name))
+
+
+def wait_all(handles) -> list:
+    """The results of every handle, waiting for all of them (so that nothing stays in flight)
+    before raising the first error.
+
+    Example:
+        >>> import numpy as np
+        >>> from fastring import _horovod as hvd
+        >>> hvd.init()
+        >>> hvd.wait_all([hvd.fastring.allreduce_async(np.ones(1), op=Sum)])
+        [array([1.])]
+    """
+    results, first_error = [], None
+    for handle in handles:
+        try:
+            results.append(handle.wait())
+        except Exception as err:  # noqa: BLE001 - re-raised below, after the others finished
+            results.append(None)
+            first_error = first_error or err
+    if first_error is not None:
+        raise first_error
+    return results
+
+
+def reduce_by_dtype(tensors, op, name, compression, prescale_factor: float,
+                    postscale_factor: float) -> list:
+    """Allreduce tensors of any dtypes (any framework the core reads): one fused grouped
+    allreduce per dtype, all in flight together, results in input order. The core raises (on
+    every rank) if the ranks disagree.
+
+    Example:
+        >>> import numpy as np
+        >>> from fastring import _horovod as hvd
+        >>> hvd.init()
+        >>> hvd.reduce_by_dtype([np.ones(1), np.arange(2)], Sum, "g", None, 1.0, 1.0)   # 1 rank
+        [array([1.]), array([0, 1])]
+    """
+    by_dtype: dict = {}
+    for i, t in enumerate(tensors):
+        by_dtype.setdefault(t.dtype, []).append(i)
+    handles = [fastring.grouped_allreduce_async(
+        [tensors[i] for i in indices], op, name=None if name is None else f"{name}.{str(dtype).rpartition('.')[2]}",
+        compression=compression, prescale_factor=prescale_factor, postscale_factor=postscale_factor)
+        for dtype, indices in by_dtype.items()]
+    results: list = [None] * len(tensors)
+    for indices, reduced in zip(by_dtype.values(), wait_all(handles)):
+        for i, r in zip(indices, reduced):
+            results[i] = r
+    return results
