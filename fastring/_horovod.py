@@ -154,6 +154,15 @@ def is_native(compression) -> bool:
     return compression is None or isinstance(compression, Compressor)
 
 
+def compressed_all(tensors: list, compression, reduce) -> list:
+    """reduce(tensors, core_compression) through `compression`, native or Horovod-shaped
+    (each tensor compressed before, decompressed after, with its own context)."""
+    if is_native(compression):
+        return reduce(tensors, compression)
+    packed, ctxs = zip(*(compression.compress(t) for t in tensors)) if tensors else ((), ())
+    return [compression.decompress(t, c) for t, c in zip(reduce(list(packed), None), ctxs)]
+
+
 def compressed(compression, tensor, reduce):
     """reduce(tensor, core_compression) through `compression`, native or Horovod-shaped."""
     if is_native(compression):

@@ -13,9 +13,9 @@ from __future__ import annotations
 import tensorflow as tf
 
 from fastring import Compression, ReduceOp
-from fastring._horovod import ADASUM_UNSUPPORTED, Adasum, check_process_set, global_process_set
+from fastring._horovod import ADASUM_UNSUPPORTED, Adasum, check_process_set, compressed_all, global_process_set
 
-from .mpi_ops import Average, _compressed_reduce, _reduce_graph, _sparse_allreduce, size
+from .mpi_ops import Average, _reduce_graph, _sparse_allreduce, size
 
 __all__ = ["DistributedGradientTape", "allreduce_gradients"]
 
@@ -97,7 +97,7 @@ def allreduce_gradients(grads: list, op: ReduceOp = Average, compression=Compres
     dense = [i for i, g in enumerate(grads) if g is not None and not isinstance(g, tf.IndexedSlices)]
     out = list(grads)
     if dense:
-        reduced = _compressed_reduce([grads[i] for i in dense], compression, lambda ts, c: _reduce_graph(
+        reduced = compressed_all([grads[i] for i in dense], compression, lambda ts, c: _reduce_graph(
             ts, op, _NAME, c, prescale_factor, postscale_factor))
         for i, r in zip(dense, reduced):
             out[i] = r

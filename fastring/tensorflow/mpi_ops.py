@@ -17,7 +17,7 @@ import tensorflow as tf
 import fastring
 from fastring import Compression, FastringError, ReduceOp
 from fastring._horovod import (Adasum, ProcessSet, allgather_object, broadcast_object, ccl_built,
-                               check_process_set, cuda_built, ddl_built, full_name, gloo_built,
+                               check_process_set, compressed_all, cuda_built, ddl_built, full_name, gloo_built,
                                gloo_enabled, global_process_set, horovod_op, init, is_native,
                                mpi_built, mpi_enabled, mpi_threads_supported, nccl_built, reduce_by_dtype,
                                rocm_built)
@@ -129,14 +129,6 @@ def _sparse_allreduce(slices: tf.IndexedSlices, op, name, prescale, postscale) -
     return tf.IndexedSlices(values, indices, slices.dense_shape)
 
 
-def _compressed_reduce(tensors: list, compression, reduce) -> list:
-    """reduce(tensors, core_compression) through a native or a Horovod-shaped compressor."""
-    if is_native(compression):
-        return reduce(tensors, compression)
-    packed, ctxs = zip(*(compression.compress(as_tensor(t)) for t in tensors))
-    return [compression.decompress(t, c) for t, c in zip(reduce(list(packed), None), ctxs)]
-
-
 def allreduce(tensor, average: bool | None = None, device_dense: str = "", device_sparse: str = "",
               compression=Compression.none, op=None, prescale_factor: float = 1.0,
               postscale_factor: float = 1.0, name: str | None = None,
@@ -158,7 +150,7 @@ def allreduce(tensor, average: bool | None = None, device_dense: str = "", devic
     name = full_name("allreduce", name)
     if isinstance(tensor, tf.IndexedSlices):
         return _sparse_allreduce(tensor, op, name, prescale_factor, postscale_factor)
-    return _compressed_reduce([tensor], compression, lambda ts, c: _differentiable_reduce(
+    return compressed_all([tensor], compression, lambda ts, c: _differentiable_reduce(
         ts, op, name, c, prescale_factor, postscale_factor))[0]
 
 
@@ -184,7 +176,7 @@ def grouped_allreduce(tensors: Sequence, average: bool | None = None, device_den
         raise TypeError("grouped_allreduce takes dense tensors; reduce IndexedSlices with "
                         "allreduce, or convert them with tf.convert_to_tensor")
     name = full_name("grouped_allreduce", name)
-    return _compressed_reduce(tensors, compression, lambda ts, c: _differentiable_reduce(
+    return compressed_all(tensors, compression, lambda ts, c: _differentiable_reduce(
         ts, op, name, c, prescale_factor, postscale_factor))
 
 
@@ -298,7 +290,7 @@ def reducescatter(tensor, device_dense: str = "", compression=Compression.none, 
                                                     postscale_factor=postscale_factor)],
                   [sent], [sent.dtype], [_rows_shape(sent)], "reducescatter", name)[0]
         return [out if wire is None else tf.cast(out, t.dtype)]
-    return _compressed_reduce([tensor], compression, reduce)[0]
+    return compressed_all([tensor], compression, reduce)[0]
 
 
 _WIRE = {"fp16": tf.float16, "bf16": tf.bfloat16}
