@@ -70,8 +70,6 @@ class _DistributedGradientTape(tf.GradientTape):
         """The wrapped tape's gradients, reduced over all ranks (same structure as `sources`;
         a None gradient stays None, and must be None on every rank)."""
         grads = self._wrapped.gradient(target, sources, output_gradients, unconnected_gradients)
-        if size() == 1:
-            return grads
         return tf.nest.pack_sequence_as(grads, self._reduce(tf.nest.flatten(grads, expand_composites=False)))
 
     def _reduce(self, grads: list) -> list:
@@ -94,6 +92,8 @@ def allreduce_gradients(grads: list, op: ReduceOp = Average, compression=Compres
     """
     if sparse_as_dense:
         grads = [tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g for g in grads]
+    if size() == 1:  # nothing to reduce
+        return list(grads)
     dense = [i for i, g in enumerate(grads) if g is not None and not isinstance(g, tf.IndexedSlices)]
     out = list(grads)
     if dense:

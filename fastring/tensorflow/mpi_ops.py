@@ -125,7 +125,7 @@ def _sparse_allreduce(slices: tf.IndexedSlices, op, name, prescale, postscale) -
     indices = allgather(slices.indices, name=None if name is None else f"{name}.indices")
     scale = prescale * postscale / (size() if op == Average else 1)
     if scale != 1.0:
-        values = values * tf.cast(scale, values.dtype)
+        values = values * tf.constant(scale, values.dtype)
     return tf.IndexedSlices(values, indices, slices.dense_shape)
 
 
