@@ -14,7 +14,7 @@ Example:
     >>> with tf.GradientTape() as tape:
     ...     loss = tf.reduce_sum(w ** 2)
     >>> grads = hvd.DistributedGradientTape(tape).gradient(loss, [w])
-    >>> hvd.allreduce(tf.constant(2.0), name="metric").numpy()   # Average over ranks
+    >>> float(hvd.allreduce(tf.constant(2.0), name="metric"))   # Average over ranks
     2.0
 """
 from . import functions, gradient_tape, mpi_ops
