@@ -237,12 +237,23 @@ def reduce_by_dtype(tensors, op, name, compression, prescale_factor: float,
     by_dtype: dict = {}
     for i, t in enumerate(tensors):
         by_dtype.setdefault(t.dtype, []).append(i)
-    handles = [fastring.grouped_allreduce_async(
-        [tensors[i] for i in indices], op, name=None if name is None else f"{name}.{str(dtype).rpartition('.')[2]}",
-        compression=compression, prescale_factor=prescale_factor, postscale_factor=postscale_factor)
-        for dtype, indices in by_dtype.items()]
+    groups = list(by_dtype.items())
+
+    def group_call(dtype, indices, call):
+        return call([tensors[i] for i in indices], op, compression=compression,
+                    name=None if name is None else f"{name}.{str(dtype).rpartition('.')[2]}",
+                    prescale_factor=prescale_factor, postscale_factor=postscale_factor)
+    # All but the last group in flight; the last one synchronously, which runs the engine's
+    # cycles on this thread (a wait on a handle alone is woken by the engine's background
+    # thread, a cost of its own on a busy machine).
+    handles = [group_call(dtype, indices, fastring.grouped_allreduce_async) for dtype, indices in groups[:-1]]
+    try:
+        last = group_call(*groups[-1], fastring.grouped_allreduce)
+    except Exception:
+        wait_all(handles)
+        raise
     results: list = [None] * len(tensors)
-    for indices, reduced in zip(by_dtype.values(), wait_all(handles)):
+    for (_, indices), reduced in zip(groups, wait_all(handles) + [last]):
         for i, r in zip(indices, reduced):
             results[i] = r
     return results

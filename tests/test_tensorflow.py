@@ -23,7 +23,7 @@ EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "tf_gradient_tap
 @pytest.mark.parametrize("n", [1, 2, 3])
 def test_collectives_tape_and_errors(mpirun, n):
     proc = mpirun(n, "tf_collectives")
-    assert f"OK tensorflow collectives" in proc.stdout and f"on {n} ranks" in proc.stdout
+    assert "OK tensorflow collectives" in proc.stdout and f"on {n} ranks" in proc.stdout
 
 
 def test_example_trains_and_ends_with_identical_replicas():

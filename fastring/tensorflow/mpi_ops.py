@@ -18,8 +18,7 @@ import fastring
 from fastring import Compression, FastringError, ReduceOp
 from fastring._horovod import (Adasum, ProcessSet, allgather_object, broadcast_object, ccl_built,
                                check_process_set, compressed_all, cuda_built, ddl_built, full_name, gloo_built,
-                               gloo_enabled, global_process_set, horovod_op, init, is_native,
-                               mpi_built, mpi_enabled, mpi_threads_supported, nccl_built, reduce_by_dtype,
+                               gloo_enabled, global_process_set, horovod_op, init, mpi_built, mpi_enabled, mpi_threads_supported, nccl_built, reduce_by_dtype,
                                rocm_built)
 
 from .tensors import as_tensor, run
