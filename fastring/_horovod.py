@@ -21,7 +21,17 @@ from mpi4py import MPI
 import fastring
 from fastring import Compressor, ReduceOp
 
-Average, Sum = ReduceOp.Average, ReduceOp.Sum
+Average, Sum, Min, Max, Product = (ReduceOp.Average, ReduceOp.Sum, ReduceOp.Min, ReduceOp.Max,
+                                   ReduceOp.Product)
+# The process queries every adapter re-exports under Horovod's names.
+shutdown = fastring.shutdown
+is_initialized = fastring.is_initialized
+rank = fastring.rank
+size = fastring.size
+local_rank = fastring.local_rank
+local_size = fastring.local_size
+cross_rank = fastring.cross_rank
+cross_size = fastring.cross_size
 
 
 class _AdasumOp:
@@ -257,3 +267,25 @@ def reduce_by_dtype(tensors, op, name, compression, prescale_factor: float,
         for i, r in zip(indices, reduced):
             results[i] = r
     return results
+
+
+def gradient_scaling(op, gradient_predivide_factor: float, process_set) -> tuple:
+    """(op, prescale_factor, postscale_factor) of a gradient reduction with Horovod's
+    arguments: with op=Average the averaging is split around the sum (1/factor before it,
+    factor/size after it). NotImplementedError for Adasum or another process set, ValueError for
+    a predivide factor with another op.
+
+    Example:
+        >>> from fastring import _horovod as hvd
+        >>> hvd.gradient_scaling(hvd.Average, 4.0, hvd.global_process_set)
+        (<ReduceOp.Average: 0>, 0.25, 4.0)
+    """
+    if op is Adasum:
+        raise NotImplementedError(ADASUM_UNSUPPORTED)
+    op = ReduceOp(op)
+    check_process_set(process_set)
+    if gradient_predivide_factor != 1.0 and op != Average:
+        raise ValueError("gradient_predivide_factor not supported with op != Average")
+    if op == Average:
+        return op, 1.0 / gradient_predivide_factor, float(gradient_predivide_factor)
+    return op, 1.0, 1.0

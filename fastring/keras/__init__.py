@@ -24,9 +24,10 @@ import numpy as np
 
 import fastring
 from fastring import Compression, FastringError, ReduceOp
-from fastring._horovod import (Adasum, ProcessSet, allgather_object, broadcast_object, full_name,
-                               global_process_set, horovod_op, init, mpi_built, mpi_enabled,
-                               mpi_threads_supported)
+from fastring._horovod import (Adasum, Average, Max, Min, Product, ProcessSet, Sum, allgather_object,
+                               broadcast_object, cross_rank, cross_size, full_name, global_process_set,
+                               horovod_op, init, is_initialized, local_rank, local_size, mpi_built,
+                               mpi_enabled, mpi_threads_supported, rank, shutdown, size)
 
 from . import callbacks
 from .backend import broadcast_values, check_backend, to_numpy
@@ -39,18 +40,6 @@ __all__ = [
     "DistributedOptimizer", "callbacks", "allreduce", "allgather", "broadcast", "broadcast_variables",
     "broadcast_object", "allgather_object",
 ]
-
-Average, Sum, Min, Max, Product = (ReduceOp.Average, ReduceOp.Sum, ReduceOp.Min, ReduceOp.Max,
-                                   ReduceOp.Product)
-shutdown = fastring.shutdown
-is_initialized = fastring.is_initialized
-rank = fastring.rank
-size = fastring.size
-local_rank = fastring.local_rank
-local_size = fastring.local_size
-cross_rank = fastring.cross_rank
-cross_size = fastring.cross_size
-
 
 def allreduce(value, name: str | None = None, average: bool | None = None, prescale_factor: float = 1.0,
               postscale_factor: float = 1.0, op=None, compression=Compression.none) -> np.ndarray:

@@ -11,7 +11,7 @@ import keras
 
 import fastring
 from fastring import Compression, ReduceOp
-from fastring._horovod import ADASUM_UNSUPPORTED, Adasum, check_process_set, global_process_set
+from fastring._horovod import global_process_set, gradient_scaling
 
 from .backend import check_backend, reduce_gradients
 
@@ -71,19 +71,11 @@ def DistributedOptimizer(optimizer: keras.optimizers.Optimizer, name: str | None
         raise TypeError(f"optimizer must be a keras.optimizers.Optimizer, got {type(optimizer).__name__}")
     if isinstance(optimizer, _DistributedOptimizer):
         raise ValueError("optimizer is already a DistributedOptimizer")
-    if op is Adasum:
-        raise NotImplementedError(ADASUM_UNSUPPORTED)
-    op = ReduceOp(op)
-    check_process_set(process_set)
-    if gradient_predivide_factor != 1.0 and op != Average:
-        raise ValueError("gradient_predivide_factor not supported with op != Average")
+    op, prescale, postscale = gradient_scaling(op, gradient_predivide_factor, process_set)
     if backward_passes_per_step != 1:
         raise NotImplementedError(
             "backward_passes_per_step is not supported by fastring.keras: give the Keras optimizer "
             "gradient_accumulation_steps=N instead (gradients are averaged over ranks every step)")
-    prescale, postscale = 1.0, 1.0
-    if op == Average:  # Horovod splits the averaging around the sum
-        prescale, postscale = 1.0 / gradient_predivide_factor, float(gradient_predivide_factor)
     config = optimizer.get_config()
     if name is not None:
         config["name"] = name

@@ -13,7 +13,7 @@ from __future__ import annotations
 import tensorflow as tf
 
 from fastring import Compression, ReduceOp
-from fastring._horovod import ADASUM_UNSUPPORTED, Adasum, check_process_set, compressed_all, global_process_set
+from fastring._horovod import compressed_all, global_process_set, gradient_scaling
 
 from .mpi_ops import Average, _reduce_graph, _sparse_allreduce, size
 
@@ -27,16 +27,14 @@ class _DistributedGradientTape(tf.GradientTape):
     gradients it returns."""
 
     def __init__(self, tape: tf.GradientTape, compression, sparse_as_dense: bool, op: ReduceOp,
-                 gradient_predivide_factor: float):
+                 prescale_factor: float, postscale_factor: float):
         # GradientTape.__init__ is not run: every method is forwarded to `tape`, which holds the
         # recording.
         self._wrapped = tape
         self._compression = compression
         self._sparse_as_dense = sparse_as_dense
         self._op = op
-        self._scales = (1.0, 1.0)
-        if op == Average:  # Horovod splits the averaging around the sum
-            self._scales = (1.0 / gradient_predivide_factor, gradient_predivide_factor)
+        self._scales = (prescale_factor, postscale_factor)
 
     def __enter__(self):
         self._wrapped.__enter__()
@@ -133,11 +131,5 @@ def DistributedGradientTape(gradtape: tf.GradientTape, device_dense: str = "", d
     """
     if not isinstance(gradtape, tf.GradientTape):
         raise TypeError(f"gradtape must be a tf.GradientTape, got {type(gradtape).__name__}")
-    if op is Adasum:
-        raise NotImplementedError(ADASUM_UNSUPPORTED)
-    op = ReduceOp(op)
-    check_process_set(process_set)
-    if gradient_predivide_factor != 1.0 and op != Average:
-        raise ValueError("gradient_predivide_factor not supported with op != Average")
-    return _DistributedGradientTape(gradtape, compression, bool(sparse_as_dense), op,
-                                    float(gradient_predivide_factor))
+    return _DistributedGradientTape(gradtape, compression, bool(sparse_as_dense),
+                                    *gradient_scaling(op, gradient_predivide_factor, process_set))

@@ -16,7 +16,9 @@ import tensorflow as tf
 
 import fastring
 from fastring import Compression, FastringError, ReduceOp
-from fastring._horovod import (Adasum, ProcessSet, allgather_object, broadcast_object, ccl_built,
+from fastring._horovod import (Adasum, Average, Max, Min, Product, ProcessSet, Sum, allgather_object,
+                               broadcast_object, ccl_built, cross_rank, cross_size, is_initialized,
+                               local_rank, local_size, rank, shutdown, size,
                                check_process_set, compressed_all, cuda_built, ddl_built, full_name, gloo_built,
                                gloo_enabled, global_process_set, horovod_op, init, mpi_built, mpi_enabled, mpi_threads_supported, nccl_built, reduce_by_dtype,
                                rocm_built)
@@ -32,18 +34,6 @@ __all__ = [
     "allreduce", "grouped_allreduce", "allgather", "broadcast", "alltoall", "reducescatter",
     "barrier", "join", "broadcast_object", "allgather_object",
 ]
-
-Average, Sum, Min, Max, Product = (ReduceOp.Average, ReduceOp.Sum, ReduceOp.Min, ReduceOp.Max,
-                                   ReduceOp.Product)
-shutdown = fastring.shutdown
-is_initialized = fastring.is_initialized
-rank = fastring.rank
-size = fastring.size
-local_rank = fastring.local_rank
-local_size = fastring.local_size
-cross_rank = fastring.cross_rank
-cross_size = fastring.cross_size
-
 
 def rank_op(name: str | None = None) -> tf.Tensor:
     """This rank as an int32 tensor (Horovod's op form of `rank()`).
