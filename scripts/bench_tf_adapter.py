@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 sys.modules.setdefault("compression", None)  # urllib3's probe for Python 3.14's stdlib package
@@ -28,21 +27,15 @@ from mpi4py import MPI  # noqa: E402
 
 import fastring  # noqa: E402
 import fastring.tensorflow as hvd  # noqa: E402
+from bench_engine import median_us  # noqa: E402 - scripts/ is on sys.path when a script in it runs
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples"))
 from keras_train import make_dataset, make_model  # noqa: E402
 
 
 def slowest_median_us(fn, reps: int, comm) -> float:
-    """The median time of `fn` over `reps` calls, each started together on every rank (a
-    barrier before each), on the rank where it is largest."""
-    times = []
-    for _ in range(reps):
-        comm.Barrier()
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return comm.allreduce(float(np.median(times)) * 1e6, op=MPI.MAX)
+    """median_us (a barrier before each call) on the rank where it is largest."""
+    return comm.allreduce(median_us(fn, reps, comm), op=MPI.MAX)
 
 
 def main() -> None:
