@@ -22,7 +22,17 @@ from mpi4py import MPI
 import fastring
 from fastring import Compressor, ReduceOp
 
-Average, Sum = ReduceOp.Average, ReduceOp.Sum
+Average, Sum, Min, Max, Product = (ReduceOp.Average, ReduceOp.Sum, ReduceOp.Min, ReduceOp.Max,
+                                   ReduceOp.Product)
+# The process queries every adapter re-exports under Horovod's names.
+shutdown = fastring.shutdown
+is_initialized = fastring.is_initialized
+rank = fastring.rank
+size = fastring.size
+local_rank = fastring.local_rank
+local_size = fastring.local_size
+cross_rank = fastring.cross_rank
+cross_size = fastring.cross_size
 
 
 class _AdasumOp:
@@ -129,9 +139,128 @@ def is_native(compression) -> bool:
     return compression is None or isinstance(compression, Compressor)
 
 
+def compressed_all(tensors: list, compression, reduce) -> list:
+    """reduce(tensors, core_compression) through `compression`, native or Horovod-shaped
+    (each tensor compressed before, decompressed after, with its own context)."""
+    if is_native(compression):
+        return reduce(tensors, compression)
+    packed, ctxs = zip(*(compression.compress(t) for t in tensors)) if tensors else ((), ())
+    return [compression.decompress(t, c) for t, c in zip(reduce(list(packed), None), ctxs)]
+
+
 def compressed(compression, tensor, reduce):
     """reduce(tensor, core_compression) through `compression`, native or Horovod-shaped."""
     if is_native(compression):
         return reduce(tensor, compression)
     compressed, ctx = compression.compress(tensor)
     return compression.decompress(reduce(compressed, None), ctx)
+
+
+def broadcast_object(obj: Any, root_rank: int = 0, name: str | None = None,
+                     process_set=global_process_set) -> Any:
+    """Every rank receives a copy of `root_rank`'s picklable object (cloudpickle).
+
+    Example:
+        >>> from fastring import _horovod as hvd
+        >>> hvd.init()
+        >>> hvd.broadcast_object({"epoch": 3} if hvd.fastring.rank() == 0 else None, root_rank=0)
+        {'epoch': 3}
+    """
+    check_process_set(process_set)
+    return fastring.broadcast_object(obj, root_rank, name=full_name("broadcast_object", name))
+
+
+def allgather_object(obj: Any, name: str | None = None, process_set=global_process_set) -> list:
+    """A list with every rank's picklable object, in rank order.
+
+    Example:
+        >>> from fastring import _horovod as hvd
+        >>> hvd.init()
+        >>> hvd.allgather_object(hvd.fastring.rank())   # on 1 rank
+        [0]
+    """
+    check_process_set(process_set)
+    return fastring.allgather_object(obj, name=full_name("allgather_object", name))
+
+
+def wait_all(handles) -> list:
+    """The results of every handle, waiting for all of them (so that nothing stays in flight)
+    before raising the first error.
+
+    Example:
+        >>> import numpy as np
+        >>> from fastring import _horovod as hvd
+        >>> hvd.init()
+        >>> hvd.wait_all([hvd.fastring.allreduce_async(np.ones(1), op=Sum)])
+        [array([1.])]
+    """
+    results, first_error = [], None
+    for handle in handles:
+        try:
+            results.append(handle.wait())
+        except Exception as err:  # noqa: BLE001 - re-raised below, after the others finished
+            results.append(None)
+            first_error = first_error or err
+    if first_error is not None:
+        raise first_error
+    return results
+
+
+def reduce_by_dtype(tensors, op, name, compression, prescale_factor: float,
+                    postscale_factor: float) -> list:
+    """Allreduce tensors of any dtypes (any framework the core reads): one fused grouped
+    allreduce per dtype, all in flight together, results in input order. The core raises (on
+    every rank) if the ranks disagree.
+
+    Example:
+        >>> import numpy as np
+        >>> from fastring import _horovod as hvd
+        >>> hvd.init()
+        >>> hvd.reduce_by_dtype([np.ones(1), np.arange(2)], Sum, "g", None, 1.0, 1.0)   # 1 rank
+        [array([1.]), array([0, 1])]
+    """
+    by_dtype: dict = {}
+    for i, t in enumerate(tensors):
+        by_dtype.setdefault(t.dtype, []).append(i)
+    groups = list(by_dtype.items())
+
+    def group_call(dtype, indices, call):
+        return call([tensors[i] for i in indices], op, compression=compression,
+                    name=None if name is None else f"{name}.{str(dtype).rpartition('.')[2]}",
+                    prescale_factor=prescale_factor, postscale_factor=postscale_factor)
+    # All but the last group in flight; the last one synchronously, which runs the engine's
+    # cycles on this thread (a wait on a handle alone is woken by the engine's background
+    # thread, a cost of its own on a busy machine).
+    handles = [group_call(dtype, indices, fastring.grouped_allreduce_async) for dtype, indices in groups[:-1]]
+    try:
+        last = group_call(*groups[-1], fastring.grouped_allreduce)
+    except Exception:
+        wait_all(handles)
+        raise
+    results: list = [None] * len(tensors)
+    for (_, indices), reduced in zip(groups, wait_all(handles) + [last]):
+        for i, r in zip(indices, reduced):
+            results[i] = r
+    return results
+
+
+def gradient_scaling(op, gradient_predivide_factor: float, process_set) -> tuple:
+    """(op, prescale_factor, postscale_factor) of a gradient reduction with Horovod's
+    arguments: with op=Average the averaging is split around the sum (1/factor before it,
+    factor/size after it). NotImplementedError for Adasum or another process set, ValueError for
+    a predivide factor with another op.
+
+    Example:
+        >>> from fastring import _horovod as hvd
+        >>> hvd.gradient_scaling(hvd.Average, 4.0, hvd.global_process_set)
+        (<ReduceOp.Average: 0>, 0.25, 4.0)
+    """
+    if op is Adasum:
+        raise NotImplementedError(ADASUM_UNSUPPORTED)
+    op = ReduceOp(op)
+    check_process_set(process_set)
+    if gradient_predivide_factor != 1.0 and op != Average:
+        raise ValueError("gradient_predivide_factor not supported with op != Average")
+    if op == Average:
+        return op, 1.0 / gradient_predivide_factor, float(gradient_predivide_factor)
+    return op, 1.0, 1.0

@@ -211,6 +211,21 @@ def check_identical(name: str, got: np.ndarray) -> bool:
     return CHECKS.check(len(set(digests)) == 1, f"{name}: results differ across ranks: {digests}")
 
 
+def expect_error(name: str, call, error: type, *words: str) -> None:
+    """Record a failure in CHECKS unless `call()` raises `error` with every one of `words` in
+    its message."""
+    try:
+        call()
+    except error as e:
+        missing = [w for w in words if w not in str(e)]
+        CHECKS.check(not missing, f"{name}: {error.__name__} does not mention {missing}: {e}")
+        return
+    except Exception as e:  # noqa: BLE001
+        CHECKS.fail(f"{name}: expected {error.__name__}, got {type(e).__name__}: {e}")
+        return
+    CHECKS.fail(f"{name}: no {error.__name__}")
+
+
 def fail(message: str) -> None:
     """A failure after which this rank cannot go on: print it and every failure recorded so
     far, and abort the job."""
