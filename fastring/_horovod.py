@@ -57,6 +57,41 @@ ADASUM_OPTIMIZER_UNSUPPORTED = (
 ProcessSet, global_process_set = fastring.ProcessSet, fastring.global_process_set
 add_process_set, remove_process_set = fastring.add_process_set, fastring.remove_process_set
 
+# fastring.tensorflow and fastring.keras do not take Adasum or process sets yet (fastring.torch
+# and the core API do); they refuse both with these errors rather than reduce over all ranks.
+ADASUM_UNSUPPORTED = ("op=Adasum is not implemented by this adapter (fastring.torch and "
+                      "fastring.adasum_allreduce have it); use op=hvd.Average (the default, "
+                      "Horovod's usual gradient averaging) or op=hvd.Sum")
+
+
+def dense_op(op, average=None) -> ReduceOp:
+    """`horovod_op` for the adapters without Adasum (fastring.tensorflow, fastring.keras):
+    NotImplementedError naming the way out for op=Adasum.
+
+    Example:
+        >>> from fastring import _horovod as hvd
+        >>> hvd.dense_op(hvd.Sum)
+        <ReduceOp.Sum: 1>
+    """
+    op = horovod_op(op, average)
+    if op is Adasum:
+        raise NotImplementedError(ADASUM_UNSUPPORTED)
+    return op
+
+
+def check_process_set(process_set) -> None:
+    """NotImplementedError unless `process_set` is the global one (or None): for the adapters
+    that run every collective on all ranks (fastring.tensorflow, fastring.keras).
+
+    Example:
+        >>> from fastring import _horovod as hvd
+        >>> hvd.check_process_set(hvd.global_process_set)   # accepted; another set raises
+    """
+    if process_set is not global_process_set and process_set is not None:
+        raise NotImplementedError("fastring.tensorflow and fastring.keras run collectives on all ranks "
+                                  "only: process_set must be global_process_set (process sets are in "
+                                  "fastring.torch and the core API)")
+
 
 def init(comm=None, process_sets=None) -> None:
     """Start fastring on `comm` (an mpi4py communicator; default MPI.COMM_WORLD). Idempotent.

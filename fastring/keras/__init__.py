@@ -26,7 +26,7 @@ import fastring
 from fastring import Compression, FastringError, ReduceOp
 from fastring._horovod import (Adasum, Average, Max, Min, Product, ProcessSet, Sum, allgather_object,
                                broadcast_object, cross_rank, cross_size, full_name, global_process_set,
-                               horovod_op, init, is_initialized, local_rank, local_size, mpi_built,
+                               dense_op, init, is_initialized, local_rank, local_size, mpi_built,
                                mpi_enabled, mpi_threads_supported, rank, shutdown, size)
 
 from . import callbacks
@@ -52,7 +52,7 @@ def allreduce(value, name: str | None = None, average: bool | None = None, presc
         >>> hvd.allreduce([1.0, 3.0], op=hvd.Sum)   # on 1 rank
         array([1., 3.])
     """
-    return fastring.allreduce(to_numpy(value), horovod_op(op, average), name=full_name("allreduce", name),
+    return fastring.allreduce(to_numpy(value), dense_op(op, average), name=full_name("allreduce", name),
                               compression=compression, prescale_factor=prescale_factor,
                               postscale_factor=postscale_factor)
 

@@ -20,7 +20,7 @@ from fastring._horovod import (Adasum, Average, Max, Min, Product, ProcessSet, S
                                broadcast_object, ccl_built, cross_rank, cross_size, is_initialized,
                                local_rank, local_size, rank, shutdown, size,
                                check_process_set, compressed_all, cuda_built, ddl_built, full_name, gloo_built,
-                               gloo_enabled, global_process_set, horovod_op, init, mpi_built, mpi_enabled, mpi_threads_supported, nccl_built, reduce_by_dtype,
+                               gloo_enabled, global_process_set, dense_op, init, mpi_built, mpi_enabled, mpi_threads_supported, nccl_built, reduce_by_dtype,
                                rocm_built)
 
 from .tensors import as_tensor, run
@@ -134,7 +134,7 @@ def allreduce(tensor, average: bool | None = None, device_dense: str = "", devic
         >>> hvd.allreduce(tf.constant([1.0, 3.0]), op=hvd.Sum).numpy()   # on 1 rank
         array([1., 3.], dtype=float32)
     """
-    op = horovod_op(op, average)
+    op = dense_op(op, average)
     check_process_set(process_set)
     name = full_name("allreduce", name)
     if isinstance(tensor, tf.IndexedSlices):
@@ -156,7 +156,7 @@ def grouped_allreduce(tensors: Sequence, average: bool | None = None, device_den
         >>> [t.numpy() for t in hvd.grouped_allreduce([tf.ones(2), tf.zeros(1, tf.int32)])]
         [array([1., 1.], dtype=float32), array([0], dtype=int32)]
     """
-    op = horovod_op(op, average)
+    op = dense_op(op, average)
     check_process_set(process_set)
     tensors = list(tensors)
     if not tensors:
@@ -266,7 +266,7 @@ def reducescatter(tensor, device_dense: str = "", compression=Compression.none, 
         >>> hvd.reducescatter(tf.ones((4, 2)), op=hvd.Sum).shape   # (4 / size, 2)
         TensorShape([4, 2])
     """
-    op = horovod_op(op)
+    op = dense_op(op)
     check_process_set(process_set)
     name = full_name("reducescatter", name)
 
