@@ -35,6 +35,17 @@ BROADCAST_SEGMENT_BYTES = 256 * 1024
 # exchanges cost more than they save (single copy and tree break even at about this size;
 # BENCHMARKS.md, Broadcast, for the large sizes).
 BROADCAST_SINGLE_COPY_BYTES = SMALL_MESSAGE_BYTES
+# The one-host shared-memory path (fastring/_transport/shm.pyx): each rank has two data
+# buffers of SHM_TILE_BYTES in the host's segment, and a large allreduce runs in rounds of that
+# many bytes, so that what one rank copies in is still in the shared L3 cache when the others
+# read it (the segment's data area, 2 x ranks x tile, stays far below a 32 MiB L3 at np <= 4).
+# Up to SHM_ONE_STEP_BYTES every rank reduces the whole message itself after one barrier,
+# which beats two barriers and a split below that size (BENCHMARKS.md, issue 18).
+SHM_TILE_BYTES = 1 << 20
+SHM_ONE_STEP_BYTES = 256 * 1024
+# A negotiation cycle's slot in the segment: the header, the bit vectors of a full response
+# cache (16,384 entries: 4 KiB) and SMALL_MESSAGE_BYTES of payload.
+SHM_CYCLE_BYTES = 80 * 1024
 # Bytes per pipelined segment of the device ring: large enough that a copy costs far more than
 # its launch, small enough that the copies of one segment hide behind the exchange of the next.
 DEVICE_SEGMENT_BYTES = 1 << 20
@@ -67,6 +78,7 @@ class Config:
     stall_check_time: float = 60.0
     stall_shutdown_time: float = 0.0
     log_level: str = "warning"
+    shm: bool = True
 
 
 def _number(env: dict, key: str, default, cast):
@@ -107,6 +119,7 @@ def from_environment(env: dict | None = None) -> Config:
         stall_check_time=_number(env, "FASTRING_STALL_CHECK_TIME", d.stall_check_time, float),
         stall_shutdown_time=_number(env, "FASTRING_STALL_SHUTDOWN_TIME", d.stall_shutdown_time, float),
         log_level=_choice(env, "FASTRING_LOG_LEVEL", d.log_level, LOG_LEVELS),
+        shm=_choice(env, "FASTRING_SHM", "1", ("1", "0")) == "1",
     )
 
 

@@ -18,9 +18,10 @@ from .allreduce import CompressedRing, InCycle, MpiNative, RecursiveDoubling, Ri
 from .base import Message
 from .collectives import ChainBroadcast, SingleCopyBroadcast, TreeBroadcast
 from .device import DeviceRing
+from .shm import SharedMemory
 
 REGISTRY: dict[str, tuple] = {
-    "allreduce": (InCycle, DeviceRing, CompressedRing, MpiNative, RecursiveDoubling, Ring),
+    "allreduce": (InCycle, DeviceRing, CompressedRing, SharedMemory, MpiNative, RecursiveDoubling, Ring),
     "broadcast": (SingleCopyBroadcast, ChainBroadcast, TreeBroadcast),
 }
 _BY_NAME = {a.name: a for algorithms in REGISTRY.values() for a in algorithms if getattr(a, "selectable", False)}

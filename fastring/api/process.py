@@ -8,7 +8,7 @@ from mpi4py import MPI
 
 from .._core import config as _config
 from .._core.runtime import Runtime, current, install, log, runtime
-from .._transport import Transport
+from .._transport import SharedSegment, Transport
 from ..algorithms import check_setting
 from ..engine import Engine
 
@@ -39,7 +39,7 @@ def init(comm: MPI.Comm | None = None) -> None:
     check_setting(config.algorithm)
     logging.basicConfig()
     log.setLevel(config.log_level.upper())
-    rt = Runtime(Transport(comm), config)
+    rt = Runtime(Transport(comm), config, SharedSegment.attach)
     rt.engine = Engine(rt)
     install(rt)
     if not _atexit_registered:
