@@ -21,7 +21,7 @@ cdef tuple exchange(TransportBase t, uintptr_t block, int64_t vector_words, int6
 
 # The byte count of a cycle block of `words` header and bit words (its payload counted only
 # while its hash is a real request's), and the combination of two blocks into `first`, the
-# lower rank's: shared with the shared-memory cycle (shm.pyx).
+# lower rank's (payloads reduced with `reduce` unless it is NULL): shared with the shared-memory cycle (shm.pyx).
 cdef int64_t block_bytes(int64_t words, char* block) noexcept nogil
 cdef void combine_blocks(int64_t words, int64_t vector_words, reduce_fn_t reduce, int64_t itemsize,
                          char* first, char* second) noexcept nogil

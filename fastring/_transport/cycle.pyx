@@ -128,7 +128,7 @@ cdef void combine_blocks(int64_t words, int64_t vector_words, reduce_fn_t reduce
         into[i] |= other[i]
     if into[HASH] != other[HASH] or into[PAYLOAD_BYTES] != other[PAYLOAD_BYTES]:
         into[HASH] = _FAILED
-    elif _has_payload(into) and into[PAYLOAD_BYTES] > 0:
+    elif reduce != NULL and _has_payload(into) and into[PAYLOAD_BYTES] > 0:
         # `first` is the lower rank's block (see doubling.pyx), so both partners reduce the
         # payloads in the same order and get the same bits
         reduce(first + words * 8, second + words * 8, <int64_t> into[PAYLOAD_BYTES] // itemsize)

@@ -380,15 +380,23 @@ cdef class SharedSegment:
         cdef int64_t i
         cdef bint leftover = False, any_ready = False
         cdef void* hook = <void*> on_stall if on_stall is not None else NULL
+        cdef reduce_fn_t reduce = <reduce_fn_t> reduce_fn
+        cdef uint64_t* other
         try:
             with nogil:
                 memcpy(self._cycle_slot(self.rank, round_), <char*> block,
                        block_bytes(words, <char*> block))
                 self._arrive(_CYCLE_SPIN, stall_seconds if hook != NULL else 0, hook)
+                # The payloads are reduced only where every rank proposed the same request:
+                # a rank that proposed another (or none) may not hold their reduction at all.
+                for r in range(self.size):
+                    other = <uint64_t*> self._cycle_slot(r, round_)
+                    if other[HASH] != header[HASH] or other[PAYLOAD_BYTES] != header[PAYLOAD_BYTES]:
+                        reduce = NULL
                 memcpy(<char*> block, self._cycle_slot(0, round_),
                        block_bytes(words, self._cycle_slot(0, round_)))
                 for r in range(1, self.size):
-                    combine_blocks(words, vector_words, <reduce_fn_t> reduce_fn, itemsize,
+                    combine_blocks(words, vector_words, reduce, itemsize,
                                    <char*> block, self._cycle_slot(r, round_))
                 for i in range(vector_words):
                     any_ready = any_ready or ready[i] != 0
