@@ -359,6 +359,124 @@ cdef class SharedSegment:
             done += c
         return 0
 
+    def gatherv(self, uintptr_t src, uintptr_t dst, const int64_t[::1] counts,
+                const int64_t[::1] displs):
+        """Every rank r contributes counts[r] bytes (this rank's at `src`), and every rank
+        receives rank r's at dst + displs[r]: an allgather, or with one nonzero count a
+        broadcast (the root's `src` may be its `dst`: it copies nothing to itself). In rounds
+        of up to a buffer: each rank copies its piece into its buffer, and after one barrier
+        every rank copies every other rank's piece out."""
+        self._check()
+        cdef int n = self.size, me = self.rank, r
+        if counts.shape[0] != n or displs.shape[0] != n:
+            raise ValueError(f"counts and displs need {n} entries, got {counts.shape[0]} and {displs.shape[0]}")
+        cdef int64_t most = 0, k, lo, piece
+        for r in range(n):
+            if counts[r] < 0:
+                raise ValueError(f"counts[{r}] is negative: {counts[r]}")
+            most = max(most, counts[r])
+        if counts[me] and dst + displs[me] != src:
+            with nogil:
+                memcpy(<char*> dst + displs[me], <char*> src, counts[me])
+        cdef uint64_t round_
+        lo = 0
+        while lo < most:
+            round_ = self.data_rounds
+            self.data_rounds += 1
+            with nogil:
+                piece = min(self.tile, counts[me] - lo)
+                if piece > 0:
+                    memcpy(self._data(me, round_), <char*> src + lo, piece)
+            self._data_arrive()
+            with nogil:
+                for r in range(n):
+                    piece = min(self.tile, counts[r] - lo)
+                    if r != me and piece > 0:
+                        memcpy(<char*> dst + displs[r] + lo, self._data(r, round_), piece)
+            lo += self.tile
+
+    def alltoallv(self, uintptr_t src, const int64_t[:, ::1] counts, const int64_t[::1] sdispls,
+                  uintptr_t dst, const int64_t[::1] rdispls):
+        """Rank r sends counts[r, j] bytes to rank j (every rank passes the whole matrix):
+        this rank's to j from src + sdispls[j], and it receives rank r's at dst + rdispls[r].
+        In rounds: each rank's buffer holds one piece for every destination, side by side."""
+        self._check()
+        cdef int n = self.size, me = self.rank, r, j
+        if counts.shape[0] != n or counts.shape[1] != n or sdispls.shape[0] != n or rdispls.shape[0] != n:
+            raise ValueError(f"alltoallv needs a {n} x {n} counts matrix and {n} displacements each")
+        cdef int64_t most = 0, lo = 0, piece, width = self.tile // n // 64 * 64
+        if width <= 0:
+            raise ValueError(f"a {self.tile}-byte buffer cannot hold a piece for each of {n} ranks")
+        for r in range(n):
+            for j in range(n):
+                if counts[r, j] < 0:
+                    raise ValueError(f"counts[{r}, {j}] is negative: {counts[r, j]}")
+                if r != j:
+                    most = max(most, counts[r, j])
+        if counts[me, me]:
+            with nogil:
+                memcpy(<char*> dst + rdispls[me], <char*> src + sdispls[me], counts[me, me])
+        cdef uint64_t round_
+        while lo < most:
+            round_ = self.data_rounds
+            self.data_rounds += 1
+            with nogil:
+                for j in range(n):
+                    piece = min(width, counts[me, j] - lo)
+                    if j != me and piece > 0:
+                        memcpy(self._data(me, round_) + j * width, <char*> src + sdispls[j] + lo, piece)
+            self._data_arrive()
+            with nogil:
+                for r in range(n):
+                    piece = min(width, counts[r, me] - lo)
+                    if r != me and piece > 0:
+                        memcpy(<char*> dst + rdispls[r] + lo, self._data(r, round_) + me * width, piece)
+            lo += width
+
+    def reduce_scatter(self, uintptr_t src, const int64_t[::1] offsets, uintptr_t dst,
+                       uintptr_t reduce_fn, int64_t itemsize):
+        """Rank r receives at `dst` the reduction of every rank's bytes
+        src[offsets[r]:offsets[r + 1]] (offsets in bytes, multiples of `itemsize`; `src` is
+        left as it is). In rounds: each rank copies a piece of every other rank's part into
+        its buffer, side by side, and after one barrier reduces its own part's pieces, in rank
+        order, straight into `dst`."""
+        self._check()
+        cdef int n = self.size, me = self.rank, r, j
+        if offsets.shape[0] != n + 1:
+            raise ValueError(f"offsets needs {n + 1} entries, got {offsets.shape[0]}")
+        cdef int64_t most = 0, lo = 0, piece, width = self.tile // n // 64 * 64
+        width -= width % itemsize
+        if width <= 0:
+            raise ValueError(f"a {self.tile}-byte buffer cannot hold a piece for each of {n} ranks")
+        for r in range(n):
+            if offsets[r + 1] < offsets[r] or (offsets[r + 1] - offsets[r]) % itemsize:
+                raise ValueError(f"part {r} ({offsets[r]}..{offsets[r + 1]}) is not a whole number of items")
+            most = max(most, offsets[r + 1] - offsets[r])
+        cdef reduce_fn_t reduce = <reduce_fn_t> reduce_fn
+        cdef uint64_t round_
+        cdef char* out
+        while lo < most:
+            round_ = self.data_rounds
+            self.data_rounds += 1
+            with nogil:
+                for j in range(n):
+                    piece = min(width, offsets[j + 1] - offsets[j] - lo)
+                    if j != me and piece > 0:
+                        memcpy(self._data(me, round_) + j * width, <char*> src + offsets[j] + lo, piece)
+            self._data_arrive()
+            with nogil:
+                piece = min(width, offsets[me + 1] - offsets[me] - lo)
+                if piece > 0:
+                    out = <char*> dst + lo
+                    if me == 0:
+                        memcpy(out, <char*> src + offsets[me] + lo, piece)
+                    else:
+                        memcpy(out, self._data(0, round_) + me * width, piece)
+                    for r in range(1, n):
+                        reduce(out, <char*> src + offsets[me] + lo if r == me
+                               else self._data(r, round_) + me * width, piece // itemsize)
+            lo += width
+
     def cycle_exchange(self, uintptr_t block, int64_t vector_words, int64_t capacity,
                        uintptr_t tmp, uintptr_t reduce_fn, int64_t itemsize,
                        double stall_seconds, object on_stall):
