@@ -74,7 +74,7 @@ cdef extern from *:
 
 DEF LINE = 128          # bytes per sequence word: no two ranks' words share a prefetched pair of lines
 DEF PAGE = 4096
-DEF PURE_SPINS = 2048   # loads before a wait starts yielding its core (np > cores needs it)
+DEF PURE_SPINS = 2048   # loads before a wait reads the clock (and, oversubscribed, yields)
 DEF SUB_BYTES = 32768   # the reduction's unit: a piece copied and reduced while in L1
 
 cdef double _STEP = WAIT_PAUSE_STEP_SECONDS
@@ -104,6 +104,9 @@ cdef class SharedSegment:
     cdef readonly int rank, size
     cdef uint64_t seq          # this rank's counter, mirrored in the segment
     cdef uint64_t data_rounds, cycles
+    # More ranks than this process may run on cores: a spinning wait yields its core. Not
+    # otherwise: a yield may hand the core to any other runnable process for a whole slice.
+    cdef bint oversubscribed
     cdef TransportBase transport
     cdef object broken         # the error that left this rank out of step, or None
     cdef readonly object array  # the whole segment as a uint8 array (finalize views)
@@ -132,6 +135,7 @@ cdef class SharedSegment:
         n, me = transport.size, transport.rank
         cdef SharedSegment s = SharedSegment.__new__(SharedSegment)
         s.rank, s.size, s.transport = me, n, transport
+        s.oversubscribed = n > len(os.sched_getaffinity(0))
         s.tile = _align(tile_bytes, PAGE)
         s.cycle_bytes = _align(cycle_bytes, PAGE)
         s.cycle_off = _align(n * LINE, PAGE)
@@ -239,7 +243,8 @@ cdef class SharedSegment:
                 start, next_report = t, t + interval
                 continue
             if t - start < spin:
-                sched_yield()  # a peer waiting for a core (more ranks than cores) gets it
+                if self.oversubscribed:
+                    sched_yield()  # the peer we wait for may be waiting for this core
                 continue
             if pause_s < _SHORT_PAUSE:
                 pause_s += _STEP
