@@ -129,8 +129,12 @@ def allreduce(tensor: torch.Tensor, average: bool | None = None, name: str | Non
     """
     op = horovod_op(op, average)
     check_process_set(process_set)
+    name = full_name("allreduce", name)
+    if not (tensor.requires_grad and torch.is_grad_enabled()):  # no graph to record: skip autograd's cost
+        return compressed(compression, tensor, lambda t, c: fastring.allreduce(
+            t, op=op, name=name, compression=c, prescale_factor=prescale_factor, postscale_factor=postscale_factor))
     return compressed(compression, tensor, lambda t, c: _Allreduce.apply(
-        t, op, full_name("allreduce", name), c, prescale_factor, postscale_factor))
+        t, op, name, c, prescale_factor, postscale_factor))
 
 
 def allreduce_async(tensor: torch.Tensor, average: bool | None = None, name: str | None = None,
