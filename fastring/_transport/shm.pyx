@@ -31,17 +31,15 @@ from libc.stdint cimport int64_t, uint64_t, uintptr_t
 from libc.string cimport memcpy
 from posix.fcntl cimport O_CREAT, O_EXCL, O_RDWR
 from posix.mman cimport MAP_SHARED, PROT_READ, PROT_WRITE, mmap, munmap, shm_open, shm_unlink
-from posix.time cimport nanosleep, timespec
 from posix.types cimport off_t
 from posix.unistd cimport close
 
 cimport numpy as cnp
 
 from .cycle cimport HASH, HEADER_WORDS, PAYLOAD_BYTES, block_bytes, combine_blocks
-from .mpi cimport Link, TransportBase, now, reduce_fn_t
+from .mpi cimport Link, TransportBase, back_off, now, reduce_fn_t
 
-from .._core.config import (WAIT_CYCLE_SPIN_SECONDS, WAIT_LONG_PAUSE_SECONDS, WAIT_LONG_SECONDS,
-                            WAIT_PAUSE_STEP_SECONDS, WAIT_SHORT_PAUSE_SECONDS)
+from .._core.config import WAIT_CYCLE_SPIN_SECONDS
 from .._core.errors import FastringError
 
 import os
@@ -77,10 +75,6 @@ DEF PAGE = 4096
 DEF PURE_SPINS = 2048   # loads before a wait reads the clock (and, oversubscribed, yields)
 DEF SUB_BYTES = 32768   # the reduction's unit: a piece copied and reduced while in L1
 
-cdef double _STEP = WAIT_PAUSE_STEP_SECONDS
-cdef double _SHORT_PAUSE = WAIT_SHORT_PAUSE_SECONDS
-cdef double _LONG = WAIT_LONG_SECONDS
-cdef double _LONG_PAUSE = WAIT_LONG_PAUSE_SECONDS
 cdef double _CYCLE_SPIN = WAIT_CYCLE_SPIN_SECONDS
 
 
@@ -228,7 +222,6 @@ cdef class SharedSegment:
         cdef int r = 0, n = self.size
         cdef long tries = 0
         cdef double start = 0, t, next_report = 0, pause_s = 0
-        cdef timespec pause
         while True:
             while r < n and fr_load(self._word(r)) >= target:
                 r += 1
@@ -246,13 +239,7 @@ cdef class SharedSegment:
                 if self.oversubscribed:
                     sched_yield()  # the peer we wait for may be waiting for this core
                 continue
-            if pause_s < _SHORT_PAUSE:
-                pause_s += _STEP
-            elif t - start >= _LONG and pause_s < _LONG_PAUSE:
-                pause_s = min(2 * pause_s, _LONG_PAUSE)
-            pause.tv_sec = 0
-            pause.tv_nsec = <long> (pause_s * 1e9)
-            nanosleep(&pause, NULL)
+            pause_s = back_off(pause_s, t - start)
             if hook != NULL and interval > 0 and t >= next_report:
                 _call(hook, r, now() - start)
                 next_report = now() + interval

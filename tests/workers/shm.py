@@ -17,7 +17,6 @@ import os
 import signal
 import sys
 import threading
-import time
 
 import numpy as np
 
