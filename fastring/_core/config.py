@@ -38,11 +38,18 @@ BROADCAST_SINGLE_COPY_BYTES = SMALL_MESSAGE_BYTES
 # The one-host shared-memory path (fastring/_transport/shm.pyx): each rank has two data
 # buffers of SHM_TILE_BYTES in the host's segment, and a large allreduce runs in rounds of that
 # many bytes, so that what one rank copies in is still in the shared L3 cache when the others
-# read it (the segment's data area, 2 x ranks x tile, stays far below a 32 MiB L3 at np <= 4).
+# read it (the segment's data area, 2 x ranks x tile, is half of a 32 MiB L3 at np=2), with
+# few enough round barriers that a rank preempted on a loaded machine stalls the others
+# rarely (1 MiB tiles lost up to 20x at 16 MiB under load; BENCHMARKS.md, issue 18).
 # Up to SHM_ONE_STEP_BYTES every rank reduces the whole message itself after one barrier,
 # which beats two barriers and a split below that size (BENCHMARKS.md, issue 18).
-SHM_TILE_BYTES = 1 << 20
+SHM_TILE_BYTES = 4 << 20
 SHM_ONE_STEP_BYTES = 256 * 1024
+# A wait on the segment spins on loads this long (a peer in step arrives within microseconds),
+# then yields its core between loads until its spin time (WAIT_*_SPIN_SECONDS below) is up: on
+# a loaded machine the peer may be queued behind this very core, and a round barrier that
+# spins it out stalls both ranks for a time slice (BENCHMARKS.md, issue 18).
+SHM_HOT_SPIN_SECONDS = 50e-6
 # A negotiation cycle's slot in the segment: the header, the bit vectors of a full response
 # cache (16,384 entries: 4 KiB) and SMALL_MESSAGE_BYTES of payload.
 SHM_CYCLE_BYTES = 80 * 1024

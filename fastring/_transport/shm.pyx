@@ -34,18 +34,14 @@ from posix.mman cimport MAP_SHARED, PROT_READ, PROT_WRITE, mmap, munmap, shm_ope
 from posix.types cimport off_t
 from posix.unistd cimport close
 
-cimport numpy as cnp
-
 from .cycle cimport HASH, HEADER_WORDS, PAYLOAD_BYTES, block_bytes, combine_blocks
 from .mpi cimport Link, TransportBase, back_off, now, reduce_fn_t
 
-from .._core.config import WAIT_CYCLE_SPIN_SECONDS
+from .._core.config import SHM_HOT_SPIN_SECONDS, WAIT_CYCLE_SPIN_SECONDS
 from .._core.errors import FastringError
 
 import os
 import secrets
-
-cnp.import_array()
 
 cdef extern from "<fcntl.h>" nogil:
     int posix_fallocate(int fd, off_t offset, off_t length)
@@ -76,6 +72,7 @@ DEF PURE_SPINS = 2048   # loads before a wait reads the clock (and, oversubscrib
 DEF SUB_BYTES = 32768   # the reduction's unit: a piece copied and reduced while in L1
 
 cdef double _CYCLE_SPIN = WAIT_CYCLE_SPIN_SECONDS
+cdef double _HOT_SPIN = SHM_HOT_SPIN_SECONDS
 
 
 cdef inline int64_t _align(int64_t n, int64_t to) noexcept nogil:
@@ -98,12 +95,13 @@ cdef class SharedSegment:
     cdef readonly int rank, size
     cdef uint64_t seq          # this rank's counter, mirrored in the segment
     cdef uint64_t data_rounds, cycles
-    # More ranks than this process may run on cores: a spinning wait yields its core. Not
-    # otherwise: a yield may hand the core to any other runnable process for a whole slice.
+    # More ranks than this process may run on cores: a spinning wait yields its core at once.
+    # Otherwise only after SHM_HOT_SPIN_SECONDS: a yield may hand the core to any other
+    # runnable process for a whole slice, but a peer that has not arrived by then may be
+    # waiting for this very core.
     cdef bint oversubscribed
     cdef TransportBase transport
     cdef object broken         # the error that left this rank out of step, or None
-    cdef readonly object array  # the whole segment as a uint8 array (finalize views)
 
     def __dealloc__(self):
         if self.base != NULL:
@@ -156,9 +154,6 @@ cdef class SharedSegment:
                 munmap(s.base, s.length)
                 s.base = NULL
             return None, "; ".join(f"rank {r}: {w}" for r, w in failed)
-        cdef cnp.npy_intp dims = s.length
-        s.array = cnp.PyArray_SimpleNewFromData(1, &dims, cnp.NPY_UINT8, s.base)
-        cnp.set_array_base(s.array, s)
         return s, None
 
     cdef object _map(self, bytes name, bint create):
@@ -187,7 +182,6 @@ cdef class SharedSegment:
 
     def close(self):
         """Unmap the segment (the memory goes when the last rank has unmapped it)."""
-        self.array = None
         if self.base != NULL:
             munmap(self.base, self.length)
             self.base = NULL
@@ -236,7 +230,7 @@ cdef class SharedSegment:
                 start, next_report = t, t + interval
                 continue
             if t - start < spin:
-                if self.oversubscribed:
+                if self.oversubscribed or t - start > _HOT_SPIN:
                     sched_yield()  # the peer we wait for may be waiting for this core
                 continue
             pause_s = back_off(pause_s, t - start)
@@ -244,19 +238,21 @@ cdef class SharedSegment:
                 _call(hook, r, now() - start)
                 next_report = now() + interval
 
-    cdef int _data_arrive(self) except -1:
+    cdef int _data_arrive(self) except -1 nogil:
         cdef Link* link = &self.transport.link
-        try:
-            with nogil:
-                self._arrive(link.spin, link.interval, link.hook)
-        except BaseException as e:
-            self.broken = e
-            raise
+        return self._arrive(link.spin, link.interval, link.hook)
+
+    cdef int _failed(self) except -1:
+        """A loop raised (its stall hook gave up): this rank is out of step from now on."""
+        self.broken = FastringError("a collective through the segment failed part-way")
         return 0
 
     # ------------------------------------------------------------------ collectives
+    # Each runs whole without the GIL (a training thread holding it for milliseconds must not
+    # stall every round); only a slow wait's stall hook takes it.
+
     def allreduce(self, uintptr_t src, uintptr_t dst, int64_t nbytes, uintptr_t reduce_fn,
-                  int64_t itemsize, bint one_step, object finalize=None):
+                  int64_t itemsize, bint one_step):
         """Allreduce `nbytes` at `src` into `dst` (may be `src`) with `reduce_fn`
         (dst = dst op src, a reduction cfunc over `itemsize`-byte elements).
 
@@ -265,10 +261,9 @@ cdef class SharedSegment:
         same bits everywhere, one synchronisation. Otherwise, in rounds of up to a buffer:
         every rank copies the parts of its input that the others reduce into its buffer,
         reduces its own part (its input and every peer's copy of that part, piece by piece
-        while it is in L1) into its buffer, and after a second barrier copies the others'
-        reduced parts into `dst`. `finalize(offset, nbytes)`, if given, is called once per
-        round on this rank's fully reduced part, at that offset of `array`, before anyone
-        copies it (Average's division, the postscale: once per element)."""
+        while it is in L1) into its buffer and `dst`, and after a second barrier copies the
+        others' reduced parts into `dst`. Each element is reduced by one rank (or by all
+        alike), so `dst` holds the same bits on every rank."""
         self._check()
         if nbytes % itemsize or nbytes < 0 or itemsize <= 0:
             raise ValueError(f"nbytes ({nbytes}) must be a multiple of itemsize ({itemsize})")
@@ -276,27 +271,30 @@ cdef class SharedSegment:
             raise ValueError(f"a one-step allreduce must fit in {self.tile} bytes, got {nbytes}")
         if nbytes == 0:
             return
-        if one_step:
-            self._one_step(<char*> src, <char*> dst, nbytes, <reduce_fn_t> reduce_fn, itemsize)
-        else:
-            self._rounds(<char*> src, <char*> dst, nbytes, <reduce_fn_t> reduce_fn, itemsize, finalize)
+        try:
+            with nogil:
+                if one_step:
+                    self._one_step(<char*> src, <char*> dst, nbytes, <reduce_fn_t> reduce_fn, itemsize)
+                else:
+                    self._rounds(<char*> src, <char*> dst, nbytes, <reduce_fn_t> reduce_fn, itemsize)
+        except BaseException:
+            self._failed()
+            raise
 
     cdef int _one_step(self, char* src, char* dst, int64_t nbytes, reduce_fn_t reduce,
-                       int64_t itemsize) except -1:
+                       int64_t itemsize) except -1 nogil:
         cdef uint64_t round_ = self.data_rounds
         cdef int r
         self.data_rounds += 1
-        with nogil:
-            memcpy(self._data(self.rank, round_), src, nbytes)
+        memcpy(self._data(self.rank, round_), src, nbytes)
         self._data_arrive()
-        with nogil:
-            memcpy(dst, self._data(0, round_), nbytes)
-            for r in range(1, self.size):
-                reduce(dst, self._data(r, round_), nbytes // itemsize)
+        memcpy(dst, self._data(0, round_), nbytes)
+        for r in range(1, self.size):
+            reduce(dst, self._data(r, round_), nbytes // itemsize)
         return 0
 
     cdef int _rounds(self, char* src, char* dst, int64_t nbytes, reduce_fn_t reduce,
-                     int64_t itemsize, object finalize) except -1:
+                     int64_t itemsize) except -1 nogil:
         cdef int n = self.size, me = self.rank, r
         cdef int64_t count = nbytes // itemsize, per_round = self.tile // itemsize
         cdef int64_t sub = max(1, SUB_BYTES // itemsize)
@@ -312,42 +310,29 @@ cdef class SharedSegment:
             self.data_rounds += 1
             mine = self._data(me, round_)
             s, d = src + done * itemsize, dst + done * itemsize
-            with nogil:
-                for r in range(n):
-                    if r != me:
-                        lo = r * base + min(r, extra)
-                        hi = lo + base + (1 if r < extra else 0)
-                        memcpy(mine + lo * itemsize, s + lo * itemsize, (hi - lo) * itemsize)
+            for r in range(n):
+                if r != me:
+                    lo = r * base + min(r, extra)
+                    hi = lo + base + (1 if r < extra else 0)
+                    memcpy(mine + lo * itemsize, s + lo * itemsize, (hi - lo) * itemsize)
             self._data_arrive()
             lo = me * base + min(me, extra)
             hi = lo + base + (1 if me < extra else 0)
-            with nogil:
-                off = lo
-                while off < hi:
-                    k = min(sub, hi - off)
-                    memcpy(mine + off * itemsize, s + off * itemsize, k * itemsize)
-                    for r in range(n):
-                        if r != me:
-                            reduce(mine + off * itemsize, self._data(r, round_) + off * itemsize, k)
-                    if finalize is None:
-                        memcpy(d + off * itemsize, mine + off * itemsize, k * itemsize)
-                    off += k
-            if finalize is not None and hi > lo:
-                try:
-                    finalize(<int64_t> (mine - self.base) + lo * itemsize, (hi - lo) * itemsize)
-                except BaseException as e:
-                    self.broken = e
-                    raise
-                with nogil:
-                    memcpy(d + lo * itemsize, mine + lo * itemsize, (hi - lo) * itemsize)
-            self._data_arrive()
-            with nogil:
+            off = lo
+            while off < hi:
+                k = min(sub, hi - off)
+                memcpy(mine + off * itemsize, s + off * itemsize, k * itemsize)
                 for r in range(n):
                     if r != me:
-                        lo = r * base + min(r, extra)
-                        hi = lo + base + (1 if r < extra else 0)
-                        memcpy(d + lo * itemsize, self._data(r, round_) + lo * itemsize,
-                               (hi - lo) * itemsize)
+                        reduce(mine + off * itemsize, self._data(r, round_) + off * itemsize, k)
+                memcpy(d + off * itemsize, mine + off * itemsize, k * itemsize)
+                off += k
+            self._data_arrive()
+            for r in range(n):
+                if r != me:
+                    lo = r * base + min(r, extra)
+                    hi = lo + base + (1 if r < extra else 0)
+                    memcpy(d + lo * itemsize, self._data(r, round_) + lo * itemsize, (hi - lo) * itemsize)
             done += c
         return 0
 
@@ -362,30 +347,38 @@ cdef class SharedSegment:
         cdef int n = self.size, me = self.rank, r
         if counts.shape[0] != n or displs.shape[0] != n:
             raise ValueError(f"counts and displs need {n} entries, got {counts.shape[0]} and {displs.shape[0]}")
-        cdef int64_t most = 0, k, lo, piece
+        cdef int64_t most = 0
         for r in range(n):
             if counts[r] < 0:
                 raise ValueError(f"counts[{r}] is negative: {counts[r]}")
             most = max(most, counts[r])
-        if counts[me] and dst + displs[me] != src:
+        try:
             with nogil:
-                memcpy(<char*> dst + displs[me], <char*> src, counts[me])
+                self._gatherv(<char*> src, <char*> dst, &counts[0], &displs[0], most)
+        except BaseException:
+            self._failed()
+            raise
+
+    cdef int _gatherv(self, char* src, char* dst, const int64_t* counts, const int64_t* displs,
+                      int64_t most) except -1 nogil:
+        cdef int n = self.size, me = self.rank, r
+        cdef int64_t lo = 0, piece
         cdef uint64_t round_
-        lo = 0
+        if counts[me] and dst + displs[me] != src:
+            memcpy(dst + displs[me], src, counts[me])
         while lo < most:
             round_ = self.data_rounds
             self.data_rounds += 1
-            with nogil:
-                piece = min(self.tile, counts[me] - lo)
-                if piece > 0:
-                    memcpy(self._data(me, round_), <char*> src + lo, piece)
+            piece = min(self.tile, counts[me] - lo)
+            if piece > 0:
+                memcpy(self._data(me, round_), src + lo, piece)
             self._data_arrive()
-            with nogil:
-                for r in range(n):
-                    piece = min(self.tile, counts[r] - lo)
-                    if r != me and piece > 0:
-                        memcpy(<char*> dst + displs[r] + lo, self._data(r, round_), piece)
+            for r in range(n):
+                piece = min(self.tile, counts[r] - lo)
+                if r != me and piece > 0:
+                    memcpy(dst + displs[r] + lo, self._data(r, round_), piece)
             lo += self.tile
+        return 0
 
     def alltoallv(self, uintptr_t src, const int64_t[:, ::1] counts, const int64_t[::1] sdispls,
                   uintptr_t dst, const int64_t[::1] rdispls):
@@ -393,37 +386,52 @@ cdef class SharedSegment:
         this rank's to j from src + sdispls[j], and it receives rank r's at dst + rdispls[r].
         In rounds: each rank's buffer holds one piece for every destination, side by side."""
         self._check()
-        cdef int n = self.size, me = self.rank, r, j
+        cdef int n = self.size, r, j
         if counts.shape[0] != n or counts.shape[1] != n or sdispls.shape[0] != n or rdispls.shape[0] != n:
             raise ValueError(f"alltoallv needs a {n} x {n} counts matrix and {n} displacements each")
-        cdef int64_t most = 0, lo = 0, piece, width = self.tile // n // 64 * 64
-        if width <= 0:
-            raise ValueError(f"a {self.tile}-byte buffer cannot hold a piece for each of {n} ranks")
+        cdef int64_t most = 0, width = self._width(1)
         for r in range(n):
             for j in range(n):
                 if counts[r, j] < 0:
                     raise ValueError(f"counts[{r}, {j}] is negative: {counts[r, j]}")
                 if r != j:
                     most = max(most, counts[r, j])
-        if counts[me, me]:
+        try:
             with nogil:
-                memcpy(<char*> dst + rdispls[me], <char*> src + sdispls[me], counts[me, me])
+                self._alltoallv(<char*> src, &counts[0, 0], &sdispls[0], <char*> dst, &rdispls[0], most, width)
+        except BaseException:
+            self._failed()
+            raise
+
+    cdef int64_t _width(self, int64_t itemsize) except -1:
+        """Bytes of one rank's piece when a buffer holds a piece for every rank."""
+        cdef int64_t width = self.tile // self.size // 64 * 64
+        width -= width % itemsize
+        if width <= 0:
+            raise ValueError(f"a {self.tile}-byte buffer cannot hold a piece for each of {self.size} ranks")
+        return width
+
+    cdef int _alltoallv(self, char* src, const int64_t* counts, const int64_t* sdispls, char* dst,
+                        const int64_t* rdispls, int64_t most, int64_t width) except -1 nogil:
+        cdef int n = self.size, me = self.rank, r, j
+        cdef int64_t lo = 0, piece
         cdef uint64_t round_
+        if counts[me * n + me]:
+            memcpy(dst + rdispls[me], src + sdispls[me], counts[me * n + me])
         while lo < most:
             round_ = self.data_rounds
             self.data_rounds += 1
-            with nogil:
-                for j in range(n):
-                    piece = min(width, counts[me, j] - lo)
-                    if j != me and piece > 0:
-                        memcpy(self._data(me, round_) + j * width, <char*> src + sdispls[j] + lo, piece)
+            for j in range(n):
+                piece = min(width, counts[me * n + j] - lo)
+                if j != me and piece > 0:
+                    memcpy(self._data(me, round_) + j * width, src + sdispls[j] + lo, piece)
             self._data_arrive()
-            with nogil:
-                for r in range(n):
-                    piece = min(width, counts[r, me] - lo)
-                    if r != me and piece > 0:
-                        memcpy(<char*> dst + rdispls[r] + lo, self._data(r, round_) + me * width, piece)
+            for r in range(n):
+                piece = min(width, counts[r * n + me] - lo)
+                if r != me and piece > 0:
+                    memcpy(dst + rdispls[r] + lo, self._data(r, round_) + me * width, piece)
             lo += width
+        return 0
 
     def reduce_scatter(self, uintptr_t src, const int64_t[::1] offsets, uintptr_t dst,
                        uintptr_t reduce_fn, int64_t itemsize):
@@ -433,41 +441,48 @@ cdef class SharedSegment:
         its buffer, side by side, and after one barrier reduces its own part's pieces, in rank
         order, straight into `dst`."""
         self._check()
-        cdef int n = self.size, me = self.rank, r, j
+        cdef int n = self.size, r
         if offsets.shape[0] != n + 1:
             raise ValueError(f"offsets needs {n + 1} entries, got {offsets.shape[0]}")
-        cdef int64_t most = 0, lo = 0, piece, width = self.tile // n // 64 * 64
-        width -= width % itemsize
-        if width <= 0:
-            raise ValueError(f"a {self.tile}-byte buffer cannot hold a piece for each of {n} ranks")
+        cdef int64_t most = 0, width = self._width(itemsize)
         for r in range(n):
             if offsets[r + 1] < offsets[r] or (offsets[r + 1] - offsets[r]) % itemsize:
                 raise ValueError(f"part {r} ({offsets[r]}..{offsets[r + 1]}) is not a whole number of items")
             most = max(most, offsets[r + 1] - offsets[r])
-        cdef reduce_fn_t reduce = <reduce_fn_t> reduce_fn
+        try:
+            with nogil:
+                self._reduce_scatter(<char*> src, &offsets[0], <char*> dst, <reduce_fn_t> reduce_fn,
+                                     itemsize, most, width)
+        except BaseException:
+            self._failed()
+            raise
+
+    cdef int _reduce_scatter(self, char* src, const int64_t* offsets, char* dst, reduce_fn_t reduce,
+                             int64_t itemsize, int64_t most, int64_t width) except -1 nogil:
+        cdef int n = self.size, me = self.rank, r, j
+        cdef int64_t lo = 0, piece
         cdef uint64_t round_
         cdef char* out
         while lo < most:
             round_ = self.data_rounds
             self.data_rounds += 1
-            with nogil:
-                for j in range(n):
-                    piece = min(width, offsets[j + 1] - offsets[j] - lo)
-                    if j != me and piece > 0:
-                        memcpy(self._data(me, round_) + j * width, <char*> src + offsets[j] + lo, piece)
+            for j in range(n):
+                piece = min(width, offsets[j + 1] - offsets[j] - lo)
+                if j != me and piece > 0:
+                    memcpy(self._data(me, round_) + j * width, src + offsets[j] + lo, piece)
             self._data_arrive()
-            with nogil:
-                piece = min(width, offsets[me + 1] - offsets[me] - lo)
-                if piece > 0:
-                    out = <char*> dst + lo
-                    if me == 0:
-                        memcpy(out, <char*> src + offsets[me] + lo, piece)
-                    else:
-                        memcpy(out, self._data(0, round_) + me * width, piece)
-                    for r in range(1, n):
-                        reduce(out, <char*> src + offsets[me] + lo if r == me
-                               else self._data(r, round_) + me * width, piece // itemsize)
+            piece = min(width, offsets[me + 1] - offsets[me] - lo)
+            if piece > 0:
+                out = dst + lo
+                if me == 0:
+                    memcpy(out, src + offsets[me] + lo, piece)
+                else:
+                    memcpy(out, self._data(0, round_) + me * width, piece)
+                for r in range(1, n):
+                    reduce(out, src + offsets[me] + lo if r == me
+                           else self._data(r, round_) + me * width, piece // itemsize)
             lo += width
+        return 0
 
     def cycle_exchange(self, uintptr_t block, int64_t vector_words, int64_t capacity,
                        uintptr_t tmp, uintptr_t reduce_fn, int64_t itemsize,
@@ -511,8 +526,8 @@ cdef class SharedSegment:
                 for i in range(vector_words):
                     any_ready = any_ready or ready[i] != 0
                     leftover = leftover or (pending[i] & ~ready[i]) != 0
-        except BaseException as e:
-            self.broken = e
+        except BaseException:
+            self._failed()
             raise
         return header[0], header[HASH], leftover, any_ready
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 from .. import kernels
 from .._core.config import SHM_ONE_STEP_BYTES
 from .._core.ops import KERNEL_OP
-from .._core.work import nothing
 from .._transport import array_address
 from .base import Message, Reduction
 
@@ -35,16 +34,7 @@ class SharedMemory:
         itemsize = spec.dtype.itemsize
         one_step = flat.nbytes <= min(SHM_ONE_STEP_BYTES, shm.tile_bytes)
         with r.phase("shm-allreduce"):
-            if one_step:
-                shm.allreduce(array_address(src), array_address(flat), flat.nbytes, reduce_fn, itemsize, True)
-                r.finalize(flat)
-                return
-            finalize = None
-            if r.finalize is not nothing:
-                segment, dtype, done = shm.array, flat.dtype, r.finalize
-
-                def finalize(offset: int, nbytes: int) -> None:
-                    done(segment[offset:offset + nbytes].view(dtype))
-            shm.allreduce(array_address(src), array_address(flat), flat.nbytes, reduce_fn, itemsize, False,
-                          finalize)
-
+            shm.allreduce(array_address(src), array_address(flat), flat.nbytes, reduce_fn, itemsize, one_step)
+            # Every rank finalizes the whole result, all alike: an extra pass over the data,
+            # but no callback into Python (and so no wait for the GIL) inside the loop.
+            r.finalize(flat)

@@ -57,14 +57,14 @@ if case == "raise":
     if R == V:
         raise ValueError(f"rank {R} failed on purpose")
     try:
-        fastring.allreduce(np.ones(SHM_TILE_BYTES), name="never")
+        fastring.allreduce(np.ones(SHM_TILE_BYTES // 8), name="never")
     except fastring.FastringError as e:
         print(f"rank {R}: FastringError: {e}", flush=True)
     sys.exit(0)
 
 if case == "quick":
-    got = fastring.allreduce(np.full(SHM_TILE_BYTES, R + 1.0), op=fastring.Sum)
-    c.check_close("quick", got, np.full(SHM_TILE_BYTES, N * (N + 1) / 2), 0)
+    got = fastring.allreduce(np.full(SHM_TILE_BYTES // 4, R + 1.0), op=fastring.Sum)
+    c.check_close("quick", got, np.full(SHM_TILE_BYTES // 4, N * (N + 1) / 2), 0)
     c.CHECKS.check(runtime().shm is not None and not leftovers(), "no fresh segment")
     c.done("shm quick")
     sys.exit(0)
@@ -75,10 +75,10 @@ c.CHECKS.check(not leftovers(), f"the segment is still linked in /dev/shm: {left
 c.CHECKS.check(rt.engine._neg._cycle_exchange == rt.shm.cycle_exchange, "the cycle does not run through the segment")
 
 # Every dtype and op, one step (above the cycle's 64 KiB) and in rounds whose last split is
-# uneven (two tiles and N + 1 elements more).
+# uneven (a buffer's worth and N + 1 elements more).
 for dt in c.DTYPES:
     one_step = SHM_ONE_STEP_BYTES // dt.itemsize - 1
-    rounds = 2 * SHM_TILE_BYTES // dt.itemsize + N + 1
+    rounds = SHM_TILE_BYTES // dt.itemsize + N + 1
     for op in OPS:
         if dt == np.bool_ and op == fastring.Average:
             continue
@@ -110,7 +110,7 @@ for bad in ((12, 8, True), (SHM_TILE_BYTES + 8, 8, True)):
         c.CHECKS.check("must" in str(e), f"unclear error {e}")
 
 # Average's division and the postscale run once per element, in every round.
-length = 3 * SHM_TILE_BYTES // 4 + 7
+length = 3 * SHM_TILE_BYTES // 8 + 7
 xs = [c.rank_input(np.dtype(np.float32), length, r, 11) for r in range(N)]
 exp, bound = c.reference(xs, fastring.Sum, N)
 got = fastring.allreduce(xs[R].copy(), op=fastring.Average, postscale_factor=3.0, name="avg post")
