@@ -15,6 +15,8 @@ figure is the median over the trials. Run it several times (separate launches) a
 minimum and the median of the ratios.
 
 usage: fastring-run -np 2 python scripts/bench_shm.py [--sizes 4K,64K,1M,16M,64M,256M] [--json f]
+       python scripts/bench_shm.py --summarize run1.json run2.json ...   (a Markdown table of
+       the minimum and the median of each figure over the launches)
 """
 from __future__ import annotations
 
@@ -138,13 +140,30 @@ def floor_row(comm, nbytes: int = 256 << 20) -> dict:
             "percent": 100 * busbw / (nbytes / (row["mpi_us"] * 1e-6))}
 
 
+def summarize(paths: list[str]) -> None:
+    runs = [json.load(open(p)) for p in paths]
+    print(f"| figure | size | caller's barrier | min over {len(runs)} launches | median | every launch |")
+    print("|---|---:|---|---:|---:|---|")
+    for k, row in enumerate(runs[0]):
+        key = "percent" if "percent" in row else "ratio"
+        values = [r[k][key] for r in runs]
+        unit = "%" if key == "percent" else ""
+        print(f"| {row['what']} | {format_bytes(row['bytes'])} | {'yes' if row['barrier'] else 'no'} | "
+              f"{min(values):.2f}{unit} | {float(np.median(values)):.2f}{unit} | "
+              f"{', '.join(f'{v:.2f}' for v in values)} |")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--summarize", nargs="+", metavar="JSON", help="summarize earlier runs and exit")
     parser.add_argument("--sizes", default="4K,64K,1M,16M,64M,256M")
     parser.add_argument("--collectives", default="1M,16M", help="sizes for the other collectives ('' for none)")
     parser.add_argument("--no-floor", action="store_true")
     parser.add_argument("--json", help="also write the rows here (rank 0)")
     args = parser.parse_args()
+    if args.summarize:
+        summarize(args.summarize)
+        return
     fastring.init()
     comm = MPI.COMM_WORLD
     sizes = [parse_bytes(s) for s in args.sizes.split(",") if s]
