@@ -45,6 +45,12 @@ BROADCAST_SINGLE_COPY_BYTES = SMALL_MESSAGE_BYTES
 # which beats two barriers and a split below that size (BENCHMARKS.md, issue 18).
 SHM_TILE_BYTES = 4 << 20
 SHM_ONE_STEP_BYTES = 256 * 1024
+# allgather, broadcast, alltoall and reducescatter move their data through the segment up to
+# this many bytes (the whole result of an allgather, the input otherwise): there the MPI
+# round trips it saves dominate. Above it the segment's two copies (in, out) lost to MPI's
+# own large-message transfers and to the single-copy broadcast, at 16 MiB by 2-3x
+# (BENCHMARKS.md, issue 18). Their row counts always travel through it.
+SHM_COLLECTIVE_MAX_BYTES = 1 << 20
 # A wait on the segment spins on loads this long (a peer in step arrives within microseconds),
 # then yields its core between loads until its spin time (WAIT_*_SPIN_SECONDS below) is up: on
 # a loaded machine the peer may be queued behind this very core, and a round barrier that

@@ -26,7 +26,7 @@ import numpy as np
 from .. import kernels
 from .._core import pool as _pool
 from .._core.config import (BROADCAST_CHAIN_BYTES, BROADCAST_SEGMENT_BYTES, BROADCAST_SINGLE_COPY_BYTES,
-                            RING_SEGMENT_BYTES)
+                            RING_SEGMENT_BYTES, SHM_COLLECTIVE_MAX_BYTES)
 from .._core.dtypes import spec_of
 from .._core.ops import KERNEL_OP, ReduceOp
 from .._core.work import AllreduceWork, finalizer, predivides, prescale, split_for_average, unpack
@@ -77,7 +77,7 @@ def allgather_rows(rt, src: np.ndarray, counts: np.ndarray, out: np.ndarray) -> 
     offsets = byte_offsets(counts, row_bytes(out))
     start = sum(counts.tolist()[:rt.rank])
     np.copyto(out[start:start + src.shape[0]], src)
-    if rt.size > 1 and offsets[-1] and rt.shm is not None:
+    if rt.size > 1 and offsets[-1] and _through_segment(rt, int(offsets[-1])):
         mine = array_address(out) + int(offsets[rt.rank])
         rt.shm.gatherv(mine, array_address(out), np.diff(offsets), offsets[:-1])
     elif rt.size > 1 and offsets[-1]:
@@ -85,6 +85,12 @@ def allgather_rows(rt, src: np.ndarray, counts: np.ndarray, out: np.ndarray) -> 
         # quick to write the next time it is handed out (see Transport.ring_allgather).
         own = array_address(src) if src.size and is_c_contiguous(src) else 0
         rt.transport.ring_allgather(array_address(out), offsets, own=own)
+
+
+def _through_segment(rt, nbytes: int) -> bool:
+    """Whether a collective's data of `nbytes` moves through the shared segment (the same
+    answer on every rank: the sizes are agreed)."""
+    return rt.shm is not None and nbytes <= SHM_COLLECTIVE_MAX_BYTES
 
 
 def allgather_bytes(rt, data: bytes) -> list[bytes]:
@@ -107,14 +113,15 @@ def allgather_bytes(rt, data: bytes) -> list[bytes]:
 
 
 class SharedMemoryBroadcast:
-    """Every rank on one host with the shared segment mapped: the root copies the bytes into
-    its buffer of the segment and every other rank copies them out, in rounds of a buffer."""
+    """Every rank on one host with the shared segment mapped, up to SHM_COLLECTIVE_MAX_BYTES:
+    the root copies the bytes into its buffer of the segment and every other rank copies them
+    out, in rounds of a buffer."""
 
     name = "shm"
 
     @staticmethod
     def accepts(m: Message) -> bool:
-        return m.rt.shm is not None
+        return _through_segment(m.rt, m.nbytes)
 
     @staticmethod
     def run(rt, buf: np.ndarray, root: int) -> None:
@@ -186,7 +193,7 @@ def alltoall_rows(rt, arr: np.ndarray, send_rows: np.ndarray) -> tuple[np.ndarra
     if unit_bytes:  # equal on every rank: the trailing shape is negotiated
         src = arr if is_c_contiguous(arr) else np.ascontiguousarray(arr[:int(send_rows.sum())])
         sent, received = byte_offsets(send_rows, unit_bytes), byte_offsets(recv_rows, unit_bytes)
-        if matrix is not None:
+        if matrix is not None and _through_segment(rt, int(matrix.sum()) * unit_bytes // rt.size):
             rt.shm.alltoallv(array_address(src), matrix * unit_bytes, sent[:-1], array_address(out), received[:-1])
         else:
             pairwise_alltoall(rt.transport, array_address(src), sent, array_address(out), received)
@@ -217,7 +224,7 @@ def reduce_scatter_rows(rt, arr: np.ndarray, work: AllreduceWork) -> np.ndarray:
         prescale(work, src.reshape(-1), rt.size)
     elif not is_c_contiguous(arr):
         src = np.ascontiguousarray(arr)
-    if offsets[-1] and rt.shm is not None:
+    if offsets[-1] and _through_segment(rt, int(offsets[-1])):
         rt.shm.reduce_scatter(array_address(src), offsets, array_address(out),
                               kernels.reduce_cfunc(KERNEL_OP[op], spec.dtype), itemsize)
     elif offsets[-1]:

@@ -102,6 +102,31 @@ for count in (1, N - 1, N, 2 * N + 1):
     out = np.full(count, -1.0)
     shm.allreduce(array_address(a), array_address(out), a.nbytes, sum_f64, 8, False)
     c.check_close(f"transport rounds n={count}", out, N * np.arange(count) + N * (N - 1) / 2, 0)
+# The other collectives' loops in several rounds (the API sends only small ones through the
+# segment): allgather of uneven blocks, alltoall of uneven pieces, reduce-scatter of uneven parts.
+tile = shm.tile_bytes
+counts = np.array([tile + 100 + 8 * r for r in range(N)], np.int64)
+displs = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
+mine = np.full(counts[R], R + 1, np.uint8)
+gathered = np.zeros(int(counts.sum()), np.uint8)
+shm.gatherv(array_address(mine), array_address(gathered), counts, displs)
+c.check_close("gatherv rounds", gathered, np.repeat(np.arange(1, N + 1, dtype=np.uint8), counts), 0)
+matrix = np.array([[tile // N + 64 * r + j for j in range(N)] for r in range(N)], np.int64)
+send = np.concatenate([np.full(matrix[R, j], 10 * R + j, np.uint8) for j in range(N)])
+sdispls = np.concatenate([[0], np.cumsum(matrix[R])[:-1]]).astype(np.int64)
+rdispls = np.concatenate([[0], np.cumsum(matrix[:, R])[:-1]]).astype(np.int64)
+received = np.zeros(int(matrix[:, R].sum()), np.uint8)
+shm.alltoallv(array_address(send), matrix, sdispls, array_address(received), rdispls)
+c.check_close("alltoallv rounds", received,
+              np.concatenate([np.full(matrix[r, R], 10 * r + R, np.uint8) for r in range(N)]), 0)
+parts = np.array([tile // 8 + r for r in range(N)], np.int64)  # float64 items per rank
+offsets = np.concatenate([[0], np.cumsum(parts)]).astype(np.int64) * 8
+values = np.arange(int(parts.sum()), dtype=np.float64) * (R + 1)
+part = np.zeros(int(parts[R]), np.float64)
+shm.reduce_scatter(array_address(values), offsets, array_address(part), sum_f64, 8)
+c.check_close("reduce_scatter rounds", part,
+              np.arange(offsets[R] // 8, offsets[R + 1] // 8, dtype=np.float64) * (N * (N + 1) / 2), 0)
+
 for bad in ((12, 8, True), (SHM_TILE_BYTES + 8, 8, True)):
     try:
         shm.allreduce(array_address(a), array_address(out), bad[0], sum_f64, bad[1], bad[2])
