@@ -3,6 +3,11 @@ DistributedOptimizer against torch.nn.parallel.DistributedDataParallel over gloo
 
 Run (np=2 is the performance configuration on a 2-core machine):
     fastring-run -np 2 python scripts/bench_ddp.py [--steps 200] [--rounds 5] [--json out.json]
+    fastring-run -np 2 python scripts/bench_ddp.py --wide --batch-size 4 --steps 10
+
+--wide swaps the model for a communication-bound one: an MLP of about 25M float32 parameters
+(784-4096-4096-1024-10) on the same data, whose gradient exchange outweighs its compute at a
+tiny batch.
 
 A step is zero_grad + forward + loss + backward + optimizer step (SGD with momentum), on a fixed
 batch of --batch-size samples per rank, one torch thread per rank. Both methods start from
@@ -53,6 +58,13 @@ def init_gloo(comm) -> None:
     dist.init_process_group("gloo", init_method="env://", rank=comm.rank, world_size=comm.size)
 
 
+def wide_mlp() -> torch.nn.Module:
+    """About 25M float32 parameters on the example's 1x28x28 inputs."""
+    return torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(784, 4096), torch.nn.ReLU(),
+                               torch.nn.Linear(4096, 4096), torch.nn.ReLU(), torch.nn.Linear(4096, 1024),
+                               torch.nn.ReLU(), torch.nn.Linear(1024, 10), torch.nn.LogSoftmax(dim=1))
+
+
 def timed_steps(model, optimizer, data, target, steps: int, comm) -> list[float]:
     """Per-step seconds of the slowest rank."""
     times = []
@@ -73,6 +85,7 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=20)
     parser.add_argument("--batch-size", type=int, default=64, help="per rank")
     parser.add_argument("--json", help="also write the results to this file (rank 0)")
+    parser.add_argument("--wide", action="store_true", help="the ~25M-parameter MLP instead of the example's Net")
     args = parser.parse_args()
 
     comm = MPI.COMM_WORLD
@@ -84,7 +97,7 @@ def main() -> None:
 
     def build(method: str):
         torch.manual_seed(0)
-        model = example.Net()
+        model = wide_mlp() if args.wide else example.Net()
         if method == "ddp":
             model = torch.nn.parallel.DistributedDataParallel(model)
         optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.5)
@@ -107,7 +120,9 @@ def main() -> None:
             q1, median, q3 = statistics.quantiles(times[m], n=4)
             rows[m] = {"median_ms": 1e3 * median, "q1_ms": 1e3 * q1, "q3_ms": 1e3 * q3,
                        "steps": len(times[m])}
-        print(f"example model (examples/train_mnist_like.py Net), np={comm.size}, batch "
+        what = "wide MLP (784-4096-4096-1024-10)" if args.wide else "example model (examples/train_mnist_like.py Net)"
+        params = sum(p.numel() for p in built["local"][0].parameters())
+        print(f"{what}, {params / 1e6:.1f}M parameters, np={comm.size}, batch "
               f"{args.batch_size}/rank, {args.rounds}x{args.steps} steps per method, torch "
               f"{torch.__version__}")
         print(f"{'method':<34} {'median ms/step':>15} {'q1':>8} {'q3':>8} {'vs DDP':>8}")

@@ -40,6 +40,30 @@ BROADCAST_SEGMENT_BYTES = 256 * 1024
 # exchanges cost more than they save (single copy and tree break even at about this size;
 # BENCHMARKS.md, Broadcast, for the large sizes).
 BROADCAST_SINGLE_COPY_BYTES = SMALL_MESSAGE_BYTES
+# The one-host shared-memory path (fastring/_transport/shm.pyx): each rank has two data
+# buffers of SHM_TILE_BYTES in the host's segment, and a large allreduce runs in rounds of that
+# many bytes, so that what one rank copies in is still in the shared L3 cache when the others
+# read it (the segment's data area, 2 x ranks x tile, is half of a 32 MiB L3 at np=2), with
+# few enough round barriers that a rank preempted on a loaded machine stalls the others
+# rarely (1 MiB tiles lost up to 20x at 16 MiB under load; BENCHMARKS.md, issue 18).
+# Up to SHM_ONE_STEP_BYTES every rank reduces the whole message itself after one barrier,
+# which beats two barriers and a split below that size (BENCHMARKS.md, issue 18).
+SHM_TILE_BYTES = 4 << 20
+SHM_ONE_STEP_BYTES = 256 * 1024
+# allgather, broadcast, alltoall and reducescatter move their data through the segment up to
+# this many bytes (the whole result of an allgather, the input otherwise): there the MPI
+# round trips it saves dominate. Above it the segment's two copies (in, out) lost to MPI's
+# own large-message transfers and to the single-copy broadcast, at 16 MiB by 2-3x
+# (BENCHMARKS.md, issue 18). Their row counts always travel through it.
+SHM_COLLECTIVE_MAX_BYTES = 1 << 20
+# A wait on the segment spins on loads this long (a peer in step arrives within microseconds),
+# then yields its core between loads until its spin time (WAIT_*_SPIN_SECONDS below) is up: on
+# a loaded machine the peer may be queued behind this very core, and a round barrier that
+# spins it out stalls both ranks for a time slice (BENCHMARKS.md, issue 18).
+SHM_HOT_SPIN_SECONDS = 50e-6
+# A negotiation cycle's slot in the segment: the header, the bit vectors of a full response
+# cache (16,384 entries: 4 KiB) and SMALL_MESSAGE_BYTES of payload.
+SHM_CYCLE_BYTES = 80 * 1024
 # Bytes per pipelined segment of the device ring: large enough that a copy costs far more than
 # its launch, small enough that the copies of one segment hide behind the exchange of the next.
 DEVICE_SEGMENT_BYTES = 1 << 20
@@ -72,6 +96,7 @@ class Config:
     stall_check_time: float = 60.0
     stall_shutdown_time: float = 0.0
     log_level: str = "warning"
+    shm: bool = True
 
 
 def _number(env: dict, key: str, default, cast):
@@ -112,6 +137,7 @@ def from_environment(env: dict | None = None) -> Config:
         stall_check_time=_number(env, "FASTRING_STALL_CHECK_TIME", d.stall_check_time, float),
         stall_shutdown_time=_number(env, "FASTRING_STALL_SHUTDOWN_TIME", d.stall_shutdown_time, float),
         log_level=_choice(env, "FASTRING_LOG_LEVEL", d.log_level, LOG_LEVELS),
+        shm=_choice(env, "FASTRING_SHM", "1", ("1", "0")) == "1",
     )
 
 

@@ -17,10 +17,12 @@ log = logging.getLogger("fastring")
 class Runtime:
     """What `init` sets up: a private duplicate of the communicator and the rank layout."""
 
-    def __init__(self, transport, config: _config.Config, make_transport=None):
+    def __init__(self, transport, config: _config.Config, attach_shm=None, make_transport=None):
         """`transport`: the fastring._transport.Transport over a private duplicate of the
-        user's communicator (built by the layer above, which owns the transport);
-        `make_transport(comm)` builds one over another communicator, for the host and
+        user's communicator (built by the layer above, which owns the transport).
+        `attach_shm(transport, tile_bytes, cycle_bytes) -> (segment or None, why not)`:
+        fastring._transport.SharedSegment.attach, tried when every rank runs on this host.
+        `make_transport(comm)` builds a transport over another communicator, for the host and
         cross-host levels of a job with several hosts of several ranks each (`hierarchy`)."""
         self.config = config
         self.transport = transport
@@ -46,6 +48,7 @@ class Runtime:
             # memory reaches across processes only on one host: on simulated hosts (network
             # namespaces of one machine) it would, and would skip the network
             self.transport.enable_single_copy()
+        self.shm = self._attach_shm(config, attach_shm) if self.size > 1 else None
         self._scratch = np.empty(0, np.uint8)
         # The engine sits above this layer: api.process builds it and hangs it here.
         self.engine = None
@@ -63,6 +66,24 @@ class Runtime:
         for transport, ranks in self.hierarchy or ():
             transport.set_stall(interval, None if hook is None else _in_world(hook, ranks))
 
+    def _attach_shm(self, config: _config.Config, attach):
+        """The host's shared segment when every rank runs on this host, else None; why not
+        is logged at debug level (the MPI paths then carry everything). Every rank takes the
+        same branch: the conditions are the same everywhere, and `attach` agrees."""
+        if attach is None:
+            why = "no segment offered"
+        elif not config.shm:
+            why = "FASTRING_SHM=0"
+        elif self.local_size != self.size:
+            why = f"the ranks run on {self.cross_size} hosts"
+        else:
+            seg, why = attach(self.transport, _config.SHM_TILE_BYTES, _config.SHM_CYCLE_BYTES)
+            if seg is not None:
+                log.debug("fastring: shared-memory path on, %d bytes per rank buffer", seg.tile_bytes)
+                return seg
+        log.debug("fastring: shared-memory path off: %s", why)
+        return None
+
     def scratch(self, nbytes: int) -> np.ndarray:
         """A reusable byte buffer of at least `nbytes` (grown, never shrunk)."""
         if self._scratch.nbytes < nbytes:
@@ -73,6 +94,8 @@ class Runtime:
         """Stop the engine (if any) and free the communicator."""
         if self.engine is not None:
             self.engine.shutdown()
+        if self.shm is not None:
+            self.shm.close()
         for transport, _ in self.hierarchy or ():
             transport.free()
         self.transport.free()

@@ -80,16 +80,17 @@ def as_array(tensor, what: str = "tensor") -> np.ndarray:
 def _torch_as_array(tensor, what: str) -> np.ndarray:
     import torch
 
-    if tensor.device.type != "cpu":
+    if not tensor.is_cpu:
         raise NotImplementedError(f"{what} is on device {tensor.device}: of the collectives, only "
                                   "allreduce and grouped_allreduce take device tensors so far")
-    t = tensor.detach()
-    # numpy's DLPack importer knows no bfloat16: move the bits as int16 and relabel them.
-    if t.dtype == torch.bfloat16:
-        return np.from_dlpack(t.view(torch.int16)).view(BFLOAT16)
+    t = tensor.detach() if tensor.requires_grad else tensor
+    # Tensor.numpy() shares the memory as DLPack would, at a fifth of the cost per call. numpy
+    # knows no bfloat16: move the bits as int16 and relabel them.
     try:
-        return np.from_dlpack(t)
-    except (BufferError, TypeError, RuntimeError) as e:
+        if t.dtype == torch.bfloat16:
+            return t.view(torch.int16).numpy().view(BFLOAT16)
+        return t.numpy()
+    except (TypeError, RuntimeError) as e:
         raise TypeError(f"{what} of torch dtype {t.dtype} cannot be read as an array: {e}") from None
 
 
@@ -118,7 +119,12 @@ def _torch_like(template, array: np.ndarray):
     import torch
 
     if array.dtype == BFLOAT16:
-        return torch.from_dlpack(array.view(np.int16)).view(torch.bfloat16)
+        return _torch_like(template, array.view(np.int16)).view(torch.bfloat16)
+    if array.flags.writeable:  # from_numpy costs a third of from_dlpack, and warns on read-only arrays
+        try:
+            return torch.from_numpy(array)
+        except TypeError:  # a dtype torch has no tensor type for
+            pass
     return torch.from_dlpack(array)
 
 

@@ -5,6 +5,7 @@ with the GIL released. Layers, each a Cython module that cimports only those lis
 - `mpi`: the error check, dtype/op codes, exchange helpers and `TransportBase`, the
   communicator and the state the algorithms keep with it.
 - `ring`, `doubling`, `cycle`, `broadcast`, `alltoall`: the algorithms, one module each.
+- `shm`: `SharedSegment`, the one-host shared-memory segment and the collectives through it.
 - `transport`: `Transport`, whose methods are the allreduce and negotiation calls.
 - `arrays`: NumPy arrays as raw addresses.
 - `testing`: calls only the tests make (not re-exported here, except `Requests`).
@@ -16,11 +17,12 @@ from .broadcast import chain_broadcast, single_copy_broadcast, tree_broadcast
 from .cycle import CYCLE_HEADER_WORDS, SPECULATION_FAILED
 from .mpi import exit_unless_gone_within
 from .ring import ring_reduce_scatter_into, ring_reduce_scatter_to
+from .shm import SharedSegment
 from .tags import Tag
 from .testing import Requests
 from .transport import Transport
 
-__all__ = ["CYCLE_HEADER_WORDS", "SPECULATION_FAILED", "FastringError", "Requests", "Tag", "Transport", "array_address",
+__all__ = ["CYCLE_HEADER_WORDS", "SPECULATION_FAILED", "FastringError", "Requests", "SharedSegment", "Tag", "Transport", "array_address",
            "chain_broadcast", "copy_from_array", "copy_to_array", "exit_unless_gone_within", "is_c_contiguous",
            "is_writable_c_contiguous", "pairwise_alltoall", "ring_reduce_scatter_into",
            "ring_reduce_scatter_to", "single_copy_broadcast", "tree_broadcast"]

@@ -3,7 +3,7 @@
 
 from libc.stdint cimport int64_t, uintptr_t
 
-from .mpi cimport TransportBase
+from .mpi cimport TransportBase, reduce_fn_t
 
 
 # The header of a cycle block, in uint64 words; Python sees HEADER_WORDS as CYCLE_HEADER_WORDS.
@@ -17,3 +17,11 @@ cdef enum:
 cdef tuple exchange(TransportBase t, uintptr_t block, int64_t vector_words, int64_t capacity,
                     uintptr_t tmp, uintptr_t reduce_fn, int64_t itemsize, double stall_seconds,
                     object on_stall, int tag)
+
+
+# The byte count of a cycle block of `words` header and bit words (its payload counted only
+# while its hash is a real request's), and the combination of two blocks into `first`, the
+# lower rank's (payloads reduced with `reduce` unless it is NULL): shared with the shared-memory cycle (shm.pyx).
+cdef int64_t block_bytes(int64_t words, char* block) noexcept nogil
+cdef void combine_blocks(int64_t words, int64_t vector_words, reduce_fn_t reduce, int64_t itemsize,
+                         char* first, char* second) noexcept nogil

@@ -74,9 +74,13 @@ cdef inline bint _has_payload(uint64_t* header) noexcept nogil:
     return header[HASH] != 0 and header[HASH] != _FAILED
 
 
-cdef inline int64_t _block_bytes(_Cycle* cyc, char* block) noexcept nogil:
+cdef int64_t block_bytes(int64_t words, char* block) noexcept nogil:
     cdef uint64_t* header = <uint64_t*> block
-    return cyc.words * 8 + (<int64_t> header[PAYLOAD_BYTES] if _has_payload(header) else 0)
+    return words * 8 + (<int64_t> header[PAYLOAD_BYTES] if _has_payload(header) else 0)
+
+
+cdef inline int64_t _block_bytes(_Cycle* cyc, char* block) noexcept nogil:
+    return block_bytes(cyc.words, block)
 
 
 cdef int _cycle_send(void* ctx, char* block, int peer) except -1 nogil:
@@ -109,21 +113,25 @@ cdef int _cycle_swap(void* ctx, char* block, char* into, int peer) except -1 nog
 
 cdef void _cycle_combine(void* ctx, char* first, char* second) noexcept nogil:
     cdef _Cycle* cyc = <_Cycle*> ctx
+    combine_blocks(cyc.words, cyc.vector_words, cyc.reduce, cyc.itemsize, first, second)
+
+
+cdef void combine_blocks(int64_t words, int64_t vector_words, reduce_fn_t reduce, int64_t itemsize,
+                         char* first, char* second) noexcept nogil:
     cdef uint64_t* into = <uint64_t*> first
     cdef uint64_t* other = <uint64_t*> second
     cdef int64_t i
     into[FLAGS] |= other[FLAGS]
-    for i in range(HEADER_WORDS, HEADER_WORDS + cyc.vector_words):
+    for i in range(HEADER_WORDS, HEADER_WORDS + vector_words):
         into[i] &= other[i]
-    for i in range(HEADER_WORDS + cyc.vector_words, cyc.words):
+    for i in range(HEADER_WORDS + vector_words, words):
         into[i] |= other[i]
     if into[HASH] != other[HASH] or into[PAYLOAD_BYTES] != other[PAYLOAD_BYTES]:
         into[HASH] = _FAILED
-    elif _has_payload(into) and into[PAYLOAD_BYTES] > 0:
+    elif reduce != NULL and _has_payload(into) and into[PAYLOAD_BYTES] > 0:
         # `first` is the lower rank's block (see doubling.pyx), so both partners reduce the
         # payloads in the same order and get the same bits
-        cyc.reduce(first + cyc.words * 8, second + cyc.words * 8,
-                   <int64_t> into[PAYLOAD_BYTES] // cyc.itemsize)
+        reduce(first + words * 8, second + words * 8, <int64_t> into[PAYLOAD_BYTES] // itemsize)
 
 
 cdef void _cycle_copy(void* ctx, char* dst, char* src) noexcept nogil:

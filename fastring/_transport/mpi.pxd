@@ -42,6 +42,7 @@ cdef inline int SENT_TO(int dest) noexcept nogil:
 
 cdef int wait(const Link* link, MPI_Request* reqs, int n, const int* peers,
               MPI_Request* also, const int* also_peers, int n_also, int64_t nbytes) except -1 nogil
+cdef double back_off(double pause_s, double waited) noexcept nogil
 cdef int wait1(const Link* link, MPI_Request* req, int peer, int64_t nbytes) except -1 nogil
 cdef int send(const Link* link, char* buf, MPI_Count nbytes, int dest, int tag) except -1 nogil
 cdef int recv(const Link* link, char* buf, MPI_Count nbytes, int source, int tag) except -1 nogil

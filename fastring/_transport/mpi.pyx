@@ -115,7 +115,6 @@ cdef int wait(const Link* link, MPI_Request* reqs, int n, const int* peers,
     cdef int done = 0, partner
     cdef long tests = 0
     cdef double start, t, next_report
-    cdef timespec pause
     cdef double pause_s = 0
     cdef double spin = max(link.spin, nbytes / _SPIN_RATE)
     start = now()
@@ -134,14 +133,7 @@ cdef int wait(const Link* link, MPI_Request* reqs, int n, const int* peers,
             # yield too. With the core to itself, a yield returns at once.
             sched_yield()
             continue
-        # back off: 20 us more each time up to the short pause, then doubling after a second
-        if pause_s < _SHORT_PAUSE:
-            pause_s += _STEP
-        elif t - start >= _LONG and pause_s < _LONG_PAUSE:
-            pause_s = min(2 * pause_s, _LONG_PAUSE)
-        pause.tv_sec = 0
-        pause.tv_nsec = <long> (pause_s * 1e9)
-        nanosleep(&pause, NULL)
+        pause_s = back_off(pause_s, t - start)
         tests = -1  # after a pause, read the clock at the next failed test again
         if link.hook != NULL and link.interval > 0 and t >= next_report:
             partner = _pending_peer(reqs, n, peers)
@@ -149,6 +141,21 @@ cdef int wait(const Link* link, MPI_Request* reqs, int n, const int* peers,
                 return 0
             _call_hook(link, partner, now() - start, reqs, n, peers, also, also_peers, n_also)
             next_report = now() + link.interval
+
+
+cdef double back_off(double pause_s, double waited) noexcept nogil:
+    """Sleep the next pause of a wait that has lasted `waited` seconds after sleeping `pause_s`
+    last time, and return it: 20 us more each time up to the short pause, then doubling once
+    the wait has lasted WAIT_LONG_SECONDS (see fastring/_core/config.py)."""
+    cdef timespec pause
+    if pause_s < _SHORT_PAUSE:
+        pause_s += _STEP
+    elif waited >= _LONG and pause_s < _LONG_PAUSE:
+        pause_s = min(2 * pause_s, _LONG_PAUSE)
+    pause.tv_sec = 0
+    pause.tv_nsec = <long> (pause_s * 1e9)
+    nanosleep(&pause, NULL)
+    return pause_s
 
 
 cdef int wait1(const Link* link, MPI_Request* req, int peer, int64_t nbytes) except -1 nogil:

@@ -25,7 +25,8 @@ import numpy as np
 
 from .. import kernels
 from .._core import pool as _pool
-from .._core.config import BROADCAST_CHAIN_BYTES, BROADCAST_SEGMENT_BYTES, BROADCAST_SINGLE_COPY_BYTES
+from .._core.config import (BROADCAST_CHAIN_BYTES, BROADCAST_SEGMENT_BYTES, BROADCAST_SINGLE_COPY_BYTES,
+                            SHM_COLLECTIVE_MAX_BYTES)
 from .._core.dtypes import spec_of
 from .._core.ops import KERNEL_OP, ReduceOp
 from .._core.work import AllreduceWork, finalizer, predivides, prescale, split_for_average, unpack
@@ -54,12 +55,20 @@ def _one_word_each(size: int) -> np.ndarray:
     return offsets
 
 
-def gather_counts(rt, value: int) -> np.ndarray:
-    """Every rank's `value`, in rank order (a ring allgather of one int64 each)."""
-    counts = np.zeros(rt.size, np.int64)
-    counts[rt.rank] = value
+def gather_counts(rt, value) -> np.ndarray:
+    """Every rank's `value` in rank order: shape (size,) for an int, (size, k) for a 1-d
+    array of k ints (k equal on every rank). An allgather: through the shared segment on one
+    host, else the ring."""
+    mine = np.asarray(value, np.int64)
+    counts = np.zeros((rt.size,) + mine.shape, np.int64)
+    counts[rt.rank] = mine
     if rt.size > 1:
-        rt.transport.ring_allgather(array_address(counts), _one_word_each(rt.size))
+        offsets = _one_word_each(rt.size) * mine.size
+        if rt.shm is not None:
+            rt.shm.gatherv(array_address(counts) + int(offsets[rt.rank]), array_address(counts),
+                           np.diff(offsets), offsets[:-1])
+        else:
+            rt.transport.ring_allgather(array_address(counts), offsets)
     return counts
 
 
@@ -68,11 +77,20 @@ def allgather_rows(rt, src: np.ndarray, counts: np.ndarray, out: np.ndarray) -> 
     offsets = byte_offsets(counts, row_bytes(out))
     start = sum(counts.tolist()[:rt.rank])
     np.copyto(out[start:start + src.shape[0]], src)
-    if rt.size > 1 and offsets[-1]:
+    if rt.size > 1 and offsets[-1] and _through_segment(rt, int(offsets[-1])):
+        mine = array_address(out) + int(offsets[rt.rank])
+        rt.shm.gatherv(mine, array_address(out), np.diff(offsets), offsets[:-1])
+    elif rt.size > 1 and offsets[-1]:
         # The others read this rank's rows from its input, not from `out`, which stays
         # quick to write the next time it is handed out (see Transport.ring_allgather).
         own = array_address(src) if src.size and is_c_contiguous(src) else 0
         rt.transport.ring_allgather(array_address(out), offsets, own=own)
+
+
+def _through_segment(rt, nbytes: int) -> bool:
+    """Whether a collective's data of `nbytes` moves through the shared segment (the same
+    answer on every rank: the sizes are agreed)."""
+    return rt.shm is not None and nbytes <= SHM_COLLECTIVE_MAX_BYTES
 
 
 def allgather_bytes(rt, data: bytes) -> list[bytes]:
@@ -92,6 +110,25 @@ def allgather_bytes(rt, data: bytes) -> list[bytes]:
     allgather_rows(rt, mine, counts, out)
     bounds = byte_offsets(counts, 1)
     return [out[bounds[r]:bounds[r + 1]].tobytes() for r in range(rt.size)]
+
+
+class SharedMemoryBroadcast:
+    """Every rank on one host with the shared segment mapped, up to SHM_COLLECTIVE_MAX_BYTES:
+    the root copies the bytes into its buffer of the segment and every other rank copies them
+    out, in rounds of a buffer."""
+
+    name = "shm"
+
+    @staticmethod
+    def accepts(m: Message) -> bool:
+        return _through_segment(m.rt, m.nbytes)
+
+    @staticmethod
+    def run(rt, buf: np.ndarray, root: int) -> None:
+        counts = np.zeros(rt.size, np.int64)
+        counts[root] = buf.nbytes
+        address = array_address(buf)
+        rt.shm.gatherv(address, address, counts, np.zeros(rt.size, np.int64))
 
 
 class SingleCopyBroadcast:
@@ -143,15 +180,23 @@ class TreeBroadcast:
 def alltoall_rows(rt, arr: np.ndarray, send_rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Send send_rows[r] consecutive rows of `arr` to rank r; return (the rows received, in
     rank order, and how many came from each rank)."""
-    recv_rows = np.empty(rt.size, np.int64)
-    unit = _one_word_each(rt.size)
-    pairwise_alltoall(rt.transport, array_address(send_rows), unit, array_address(recv_rows), unit)
-    out = _pool.empty((int(recv_rows.sum()),) + arr.shape[1:], arr.dtype)
     unit_bytes = row_bytes(arr)
+    if rt.shm is not None:  # every rank learns every rank's row counts
+        matrix = gather_counts(rt, send_rows)
+        recv_rows = np.ascontiguousarray(matrix[:, rt.rank])
+    else:
+        matrix = None
+        recv_rows = np.empty(rt.size, np.int64)
+        unit = _one_word_each(rt.size)
+        pairwise_alltoall(rt.transport, array_address(send_rows), unit, array_address(recv_rows), unit)
+    out = _pool.empty((int(recv_rows.sum()),) + arr.shape[1:], arr.dtype)
     if unit_bytes:  # equal on every rank: the trailing shape is negotiated
         src = arr if is_c_contiguous(arr) else np.ascontiguousarray(arr[:int(send_rows.sum())])
-        pairwise_alltoall(rt.transport, array_address(src), byte_offsets(send_rows, unit_bytes),
-                          array_address(out), byte_offsets(recv_rows, unit_bytes))
+        sent, received = byte_offsets(send_rows, unit_bytes), byte_offsets(recv_rows, unit_bytes)
+        if matrix is not None and _through_segment(rt, int(matrix.sum()) * unit_bytes // rt.size):
+            rt.shm.alltoallv(array_address(src), matrix * unit_bytes, sent[:-1], array_address(out), received[:-1])
+        else:
+            pairwise_alltoall(rt.transport, array_address(src), sent, array_address(out), received)
     return out, recv_rows
 
 
@@ -180,7 +225,10 @@ def reduce_scatter_rows(rt, arr: np.ndarray, work: AllreduceWork, counts: np.nda
         prescale(work, src.reshape(-1), rt.size)
     elif not is_c_contiguous(arr):
         src = np.ascontiguousarray(arr)
-    if offsets[-1]:
+    if offsets[-1] and _through_segment(rt, int(offsets[-1])):
+        rt.shm.reduce_scatter(array_address(src), offsets, array_address(out),
+                              kernels.reduce_cfunc(KERNEL_OP[op], spec.dtype), itemsize)
+    elif offsets[-1]:
         ring_reduce_scatter_into(rt.transport, array_address(src), offsets, array_address(out),
                                  array_address(scratch), segment,
                                  kernels.reduce_cfunc(KERNEL_OP[op], spec.dtype), itemsize)

@@ -16,13 +16,14 @@ import numpy as np
 from .._core.dtypes import DtypeSpec
 from .allreduce import CompressedRing, InCycle, MpiNative, RecursiveDoubling, Ring
 from .base import Message
-from .collectives import ChainBroadcast, SingleCopyBroadcast, TreeBroadcast
+from .collectives import ChainBroadcast, SharedMemoryBroadcast, SingleCopyBroadcast, TreeBroadcast
 from .device import DeviceRing
 from .hierarchical import Hierarchical
+from .shm import SharedMemory
 
 REGISTRY: dict[str, tuple] = {
-    "allreduce": (InCycle, DeviceRing, Hierarchical, CompressedRing, MpiNative, RecursiveDoubling, Ring),
-    "broadcast": (SingleCopyBroadcast, ChainBroadcast, TreeBroadcast),
+    "allreduce": (InCycle, DeviceRing, Hierarchical, CompressedRing, SharedMemory, MpiNative, RecursiveDoubling, Ring),
+    "broadcast": (SharedMemoryBroadcast, SingleCopyBroadcast, ChainBroadcast, TreeBroadcast),
 }
 _BY_NAME = {a.name: a for algorithms in REGISTRY.values() for a in algorithms if getattr(a, "selectable", False)}
 SELECTABLE = ("auto", *_BY_NAME)

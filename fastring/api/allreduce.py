@@ -71,6 +71,15 @@ def _lone_allreduce(arr: np.ndarray, op: ReduceOp, name: str | None, out: np.nda
     return rt.engine.lone_allreduce(arr, plan[0], op, name, plan[1], out, request)
 
 
+def _host_view(tensor) -> np.ndarray | None:
+    """A host tensor's memory as a numpy array for the lean path; None where the general path
+    must take it (a device tensor, or one it cannot read, which the general path explains)."""
+    try:
+        return None if is_device_tensor(tensor) else as_array(tensor)
+    except (TypeError, NotImplementedError):
+        return None
+
+
 def _allreduce_request(rt: Runtime, kind: str, tensors: Sequence, outs: Sequence, op, name, compression,
                        prescale_factor, postscale_factor, grouped: bool) -> tuple:
     name = request_name(rt, kind, name)
@@ -147,14 +156,17 @@ def allreduce(tensor, op: ReduceOp = ReduceOp.Average, *, name: str | None = Non
         >>> fastring.allreduce(np.ones(4), op=fastring.Sum)   # on 1 rank
         array([1., 1., 1., 1.])
     """
-    if (type(tensor) is np.ndarray and (out is None or type(out) is np.ndarray) and type(op) is ReduceOp
-            and compression is Compression.none and (name is None or type(name) is str)
+    if (type(op) is ReduceOp and compression is Compression.none and (name is None or type(name) is str)
             and type(prescale_factor) is float and prescale_factor == 1.0
-            and type(postscale_factor) is float and postscale_factor == 1.0
-            and (out is None or out is tensor or not np.may_share_memory(out, tensor))):
-        result = _lone_allreduce(tensor, op, name, out, process_set)
-        if result is not None:
-            return result
+            and type(postscale_factor) is float and postscale_factor == 1.0):
+        # numpy arrays, and host tensors of any framework viewed as numpy arrays
+        arr = tensor if type(tensor) is np.ndarray else _host_view(tensor)
+        dst = out if out is None or type(out) is np.ndarray else _host_view(out)
+        if (arr is not None and (out is None or dst is not None)
+                and (out is None or out is tensor or not np.may_share_memory(dst, arr))):
+            result = _lone_allreduce(arr, op, name, dst if out is not tensor else arr, process_set)
+            if result is not None:
+                return result if arr is tensor else (out if out is not None else like(tensor, result))
     engine, request = _allreduce_request(runtime_of(process_set), "allreduce", [tensor], [out], op, name,
                                          compression, prescale_factor, postscale_factor, grouped=False)
     return engine.run(request)

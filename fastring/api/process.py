@@ -8,7 +8,7 @@ from mpi4py import MPI
 
 from .._core import config as _config
 from .._core.runtime import Runtime, current, install, log, runtime
-from .._transport import Transport
+from .._transport import SharedSegment, Transport
 from ..algorithms import check_setting
 from ..engine import Engine
 from .process_sets import forget_all, register_initial
@@ -42,7 +42,7 @@ def init(comm: MPI.Comm | None = None, process_sets=None) -> None:
     check_setting(config.algorithm)
     logging.basicConfig()
     log.setLevel(config.log_level.upper())
-    rt = Runtime(Transport(comm), config, make_transport=Transport)
+    rt = Runtime(Transport(comm), config, SharedSegment.attach, make_transport=Transport)
     rt.engine = Engine(rt)
     install(rt)
     if not _atexit_registered:

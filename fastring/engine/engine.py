@@ -68,7 +68,8 @@ class Engine:
         self._thread: threading.Thread | None = None
         self._running = True
         self._neg = Negotiation(rt.transport, StallReporter(self.config.stall_check_time,
-                                                            self.config.stall_shutdown_time))
+                                                            self.config.stall_shutdown_time),
+                                rt.shm.cycle_exchange if getattr(rt, "shm", None) is not None else None)
         self._executor = Executor(rt, self.timeline, self._complete)
         # Every wait of the data phase warns and gives up on time too (stall.DataStallReporter);
         # only a rank with a deadline abandons, so only then can an abandon notice come.

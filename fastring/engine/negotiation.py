@@ -100,8 +100,11 @@ class Negotiation:
     (and with it the number of bit-vector words) grows identically everywhere.
     """
 
-    def __init__(self, transport, stall_reporter):
+    def __init__(self, transport, stall_reporter, cycle_exchange=None):
+        """`cycle_exchange`: what runs a cycle, with `Transport.cycle_exchange`'s arguments
+        (default: the transport's, over MPI; on one host the shared segment's)."""
         self._transport = transport
+        self._cycle_exchange = cycle_exchange or transport.cycle_exchange
         self.stall_reporter = stall_reporter
         # Only a rank with a stall deadline abandons cycles, so only then can a notice come.
         self._watch_abandon = stall_reporter.shutdown_after > 0 and transport.size > 1
@@ -194,7 +197,7 @@ class Negotiation:
         header[1] = h
         header[2] = payload_nbytes
         self.stall_reporter.names = names
-        outcome = self._transport.cycle_exchange(
+        outcome = self._cycle_exchange(
             self.block_address, words, SMALL_MESSAGE_BYTES, self._block_tmp_address, *reducer,
             self.stall_reporter.interval, self.stall_reporter)
         if self._watch_abandon:

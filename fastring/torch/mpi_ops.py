@@ -188,8 +188,13 @@ def allreduce(tensor: torch.Tensor, average: bool | None = None, name: str | Non
         if not is_native(compression) or getattr(compression, "wire", None) is not None:
             raise ValueError("op=Adasum takes no compression")
         return _Adasum.apply(tensor, name, prescale_factor, postscale_factor, process_set)
+    name = full_name("allreduce", name)
+    if not (tensor.requires_grad and torch.is_grad_enabled()):  # no graph to record: skip autograd's cost
+        return compressed(compression, tensor, lambda t, c: fastring.allreduce(
+            t, op=op, name=name, compression=c, prescale_factor=prescale_factor,
+            postscale_factor=postscale_factor, process_set=process_set))
     return compressed(compression, tensor, lambda t, c: _Allreduce.apply(
-        t, op, full_name("allreduce", name), c, prescale_factor, postscale_factor, process_set))
+        t, op, name, c, prescale_factor, postscale_factor, process_set))
 
 
 def allreduce_async(tensor: torch.Tensor, average: bool | None = None, name: str | None = None,

@@ -85,8 +85,17 @@ for dt in c.DTYPES:
             tag = f"broadcast {dt} {shape} root {root}"
             exact(tag, got, inputs[root], dt)
             exact(tag + " input untouched", t, inputs[R], dt)
-# Large ones copied straight between the ranks (this host allows it), then as messages:
-# past the chain threshold (segments, partial last) and below it.
+# Up to SHM_COLLECTIVE_MAX_BYTES through the shared segment, then with it off (FASTRING_SHM=0) copied straight between the ranks (this host
+# allows it), then as messages: past the chain threshold (segments, partial last) and below it.
+if runtime().shm is None and N > 1:
+    c.fail("the shared-memory path is off")
+for n_elem in (200_003, 10):
+    tag = f"broadcast {n_elem} through the segment"
+    inputs = [c.rank_input(np.dtype(np.float32), n_elem, r, 20) for r in range(N)]
+    exact(tag, fastring.broadcast(to_fw(inputs[R]), root_rank=N - 1), inputs[N - 1], np.dtype(np.float32))
+os.environ["FASTRING_SHM"] = "0"
+fastring.shutdown()
+fastring.init()
 transport = runtime().transport
 for single_copy in (True, False):
     if transport.single_copy != (single_copy and N > 1):
@@ -116,6 +125,9 @@ if transport.enable_single_copy():
     if transport.single_copy or not any("No such process" in m for m in said):
         c.fail(f"failed single copy: still on {transport.single_copy}, logged {said}")
     transport.enable_single_copy()
+os.environ["FASTRING_SHM"] = "1"
+fastring.shutdown()
+fastring.init()
 for dt in (np.dtype(np.float64), c.BF16, np.dtype(np.bool_)):
     inputs = [c.rank_input(dt, (4, 6), r, 23) for r in range(N)]
     root = N - 1

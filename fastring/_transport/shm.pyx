@@ -1,0 +1,540 @@
+# cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
+"""One host at memory speed: a POSIX shared-memory segment shared by every rank of a
+communicator whose ranks all run on one host, and the collectives that move bytes through it
+with loads and stores instead of MPI messages.
+
+Layout (every area on its own cache lines):
+
+    [sequence word of rank 0 | ... of rank n-1]            one 128-byte line each
+    [cycle slot 0 and 1 of rank 0 | ... of rank n-1]       negotiation blocks
+    [data buffer 0 and 1 of rank 0 | ... of rank n-1]      `tile` bytes each
+
+Synchronisation is one counter per rank: a rank that has written what the others need bumps
+its counter, and a rank that needs it waits until every counter has reached its own (a
+barrier on loads, no syscall while the peers keep up). Each kind of round (a data round, a
+negotiation cycle) alternates between its two buffers, so a rank may start writing round k+1
+while a slower peer still reads round k: the barrier of round k+1 cannot pass until every
+rank has finished reading round k, and round k+2, which reuses round k's buffers, comes after
+it. Every rank runs the same sequence of rounds (the engine agrees on what runs), so the
+counters move in step.
+
+The segment is created by rank 0 under a name unique to the launch and unlinked as soon as
+every rank has mapped it: nothing is left in /dev/shm after any exit, SIGKILL included (the
+kernel frees the memory at the last unmap). Waits spin, then yield, then sleep with a growing
+pause, and call the stall hook on time, as the MPI waits do (mpi.pyx's `wait`): a peer that
+stops answering is reported and, past FASTRING_STALL_SHUTDOWN_TIME, becomes an error. A wait
+that gave up leaves this rank out of step with the others, so the segment refuses any later
+call.
+"""
+
+from libc.stdint cimport int64_t, uint64_t, uintptr_t
+from libc.string cimport memcpy
+from posix.fcntl cimport O_CREAT, O_EXCL, O_RDWR
+from posix.mman cimport MAP_SHARED, PROT_READ, PROT_WRITE, mmap, munmap, shm_open, shm_unlink
+from posix.types cimport off_t
+from posix.unistd cimport close
+
+from .cycle cimport HASH, HEADER_WORDS, PAYLOAD_BYTES, block_bytes, combine_blocks
+from .mpi cimport Link, TransportBase, back_off, now, reduce_fn_t
+
+from .._core.config import SHM_HOT_SPIN_SECONDS, WAIT_CYCLE_SPIN_SECONDS
+from .._core.errors import FastringError
+
+import os
+import secrets
+
+cdef extern from "<fcntl.h>" nogil:
+    int posix_fallocate(int fd, off_t offset, off_t length)
+
+cdef extern from "<sched.h>" nogil:
+    int sched_yield()
+
+cdef extern from *:
+    """
+    #include <stdint.h>
+    static inline uint64_t fr_load(const uint64_t* p) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
+    static inline void fr_store(uint64_t* p, uint64_t v) { __atomic_store_n(p, v, __ATOMIC_RELEASE); }
+    static inline void fr_relax(void) {
+    #if defined(__x86_64__) || defined(__i386__)
+        __builtin_ia32_pause();
+    #elif defined(__aarch64__)
+        __asm__ __volatile__("yield");
+    #endif
+    }
+    """
+    uint64_t fr_load(const uint64_t* p) nogil
+    void fr_store(uint64_t* p, uint64_t v) nogil
+    void fr_relax() nogil
+
+DEF LINE = 128          # bytes per sequence word: no two ranks' words share a prefetched pair of lines
+DEF PAGE = 4096
+DEF PURE_SPINS = 2048   # loads before a wait reads the clock (and, oversubscribed, yields)
+DEF SUB_BYTES = 32768   # the reduction's unit: a piece copied and reduced while in L1
+
+cdef double _CYCLE_SPIN = WAIT_CYCLE_SPIN_SECONDS
+cdef double _HOT_SPIN = SHM_HOT_SPIN_SECONDS
+
+
+cdef inline int64_t _align(int64_t n, int64_t to) noexcept nogil:
+    return (n + to - 1) // to * to
+
+
+cdef int _call(void* hook, int partner, double waited) except -1 with gil:
+    (<object> hook)(partner, waited)
+    return 0
+
+
+cdef class SharedSegment:
+    """The host's shared segment, mapped by every rank of `transport` (see the module
+    docstring). Build it with `SharedSegment.attach`, which returns None (and why) where it
+    cannot be set up."""
+
+    cdef char* base
+    cdef int64_t length
+    cdef int64_t cycle_bytes, tile, cycle_off, data_off
+    cdef readonly int rank, size
+    cdef uint64_t seq          # this rank's counter, mirrored in the segment
+    cdef uint64_t data_rounds, cycles
+    # More ranks than this process may run on cores: a spinning wait yields its core at once.
+    # Otherwise only after SHM_HOT_SPIN_SECONDS: a yield may hand the core to any other
+    # runnable process for a whole slice, but a peer that has not arrived by then may be
+    # waiting for this very core.
+    cdef bint oversubscribed
+    cdef TransportBase transport
+    cdef object broken         # the error that left this rank out of step, or None
+
+    def __dealloc__(self):
+        if self.base != NULL:
+            munmap(self.base, self.length)
+
+    @staticmethod
+    def attach(TransportBase transport not None, int64_t tile_bytes, int64_t cycle_bytes):
+        """Collective over `transport`'s ranks, which must all run on this host: rank 0
+        creates the segment, every rank maps it, rank 0 unlinks it. Returns (segment, None),
+        or (None, why) on every rank alike when any rank could not map it.
+
+        Example:
+            >>> from mpi4py import MPI
+            >>> from fastring._transport import Transport
+            >>> seg, why = SharedSegment.attach(Transport(MPI.COMM_WORLD), 1 << 20, 81920)
+            >>> (seg.size, why) if seg is not None else why
+            (1, None)
+        """
+        if tile_bytes < PAGE or cycle_bytes < 64:
+            raise ValueError(f"tile_bytes must be at least {PAGE} and cycle_bytes at least 64, "
+                             f"got {tile_bytes} and {cycle_bytes}")
+        comm = (<object> transport).comm  # the mpi4py communicator, not the C handle
+        n, me = transport.size, transport.rank
+        cdef SharedSegment s = SharedSegment.__new__(SharedSegment)
+        s.rank, s.size, s.transport = me, n, transport
+        s.oversubscribed = n > len(os.sched_getaffinity(0))
+        s.tile = _align(tile_bytes, PAGE)
+        s.cycle_bytes = _align(cycle_bytes, PAGE)
+        s.cycle_off = _align(n * LINE, PAGE)
+        s.data_off = s.cycle_off + 2 * n * s.cycle_bytes
+        s.length = s.data_off + 2 * n * s.tile
+        name = ""
+        why = None
+        if me == 0:
+            name = f"/fastring-{os.getpid()}-{secrets.token_hex(6)}"
+            why = s._map(name.encode(), True)
+            if why is not None:
+                name = ""
+        name = comm.bcast(name, root=0)
+        if me != 0 and name:
+            why = s._map(name.encode(), False)
+        elif not name and why is None:
+            why = "rank 0 could not create the segment"
+        reasons = comm.allgather(why)
+        if me == 0 and name:
+            shm_unlink(name.encode())  # every rank has mapped it (or given up): the name goes now
+        failed = [(r, w) for r, w in enumerate(reasons) if w is not None]
+        if failed:
+            if s.base != NULL:
+                munmap(s.base, s.length)
+                s.base = NULL
+            return None, "; ".join(f"rank {r}: {w}" for r, w in failed)
+        return s, None
+
+    cdef object _map(self, bytes name, bint create):
+        """Map the segment `name` (creating and sizing it when `create`); None or why not."""
+        cdef int fd = shm_open(name, O_RDWR | (O_CREAT | O_EXCL if create else 0), 0o600)
+        if fd < 0:
+            return f"shm_open({name.decode()}): {os.strerror(_errno())}"
+        cdef int err = 0
+        if create:
+            # fallocate, not only ftruncate: a full /dev/shm must fail here, not with SIGBUS on
+            # the first touch of a page
+            err = posix_fallocate(fd, 0, self.length)
+            if err != 0:
+                close(fd)
+                shm_unlink(name)
+                return f"posix_fallocate({self.length} bytes in /dev/shm): {os.strerror(err)}"
+        cdef void* p = mmap(NULL, self.length, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0)
+        err = _errno()
+        close(fd)
+        if p == <void*> -1:
+            if create:
+                shm_unlink(name)
+            return f"mmap of {self.length} bytes: {os.strerror(err)}"
+        self.base = <char*> p
+        return None
+
+    def close(self):
+        """Unmap the segment (the memory goes when the last rank has unmapped it)."""
+        if self.base != NULL:
+            munmap(self.base, self.length)
+            self.base = NULL
+        self.broken = FastringError("the shared-memory segment was closed")
+
+    @property
+    def tile_bytes(self):
+        """Bytes of one data buffer: a data round moves at most this much per rank."""
+        return self.tile
+
+    # ------------------------------------------------------------------ waiting
+    cdef inline uint64_t* _word(self, int r) noexcept nogil:
+        return <uint64_t*> (self.base + r * LINE)
+
+    cdef inline char* _data(self, int r, uint64_t round_) noexcept nogil:
+        return self.base + self.data_off + (2 * r + (round_ & 1)) * self.tile
+
+    cdef inline char* _cycle_slot(self, int r, uint64_t round_) noexcept nogil:
+        return self.base + self.cycle_off + (2 * r + (round_ & 1)) * self.cycle_bytes
+
+    cdef int _check(self) except -1:
+        if self.broken is not None:
+            raise FastringError(f"the shared-memory path cannot run after: {self.broken}")
+        return 0
+
+    cdef int _arrive(self, double spin, double interval, void* hook) except -1 nogil:
+        """Bump this rank's counter and wait until every rank's has reached it. Calls
+        `hook(partner, seconds waited)` every `interval` seconds (0: never) while waiting."""
+        self.seq += 1
+        fr_store(self._word(self.rank), self.seq)
+        cdef uint64_t target = self.seq
+        cdef int r = 0, n = self.size
+        cdef long tries = 0
+        cdef double start = 0, t, next_report = 0, pause_s = 0
+        while True:
+            while r < n and fr_load(self._word(r)) >= target:
+                r += 1
+            if r == n:
+                return 0
+            tries += 1
+            if tries < PURE_SPINS:
+                fr_relax()
+                continue
+            t = now()
+            if start == 0:
+                start, next_report = t, t + interval
+                continue
+            if t - start < spin:
+                if self.oversubscribed or t - start > _HOT_SPIN:
+                    sched_yield()  # the peer we wait for may be waiting for this core
+                continue
+            pause_s = back_off(pause_s, t - start)
+            if hook != NULL and interval > 0 and t >= next_report:
+                _call(hook, r, now() - start)
+                next_report = now() + interval
+
+    cdef int _data_arrive(self) except -1 nogil:
+        cdef Link* link = &self.transport.link
+        return self._arrive(link.spin, link.interval, link.hook)
+
+    cdef int _failed(self) except -1:
+        """A loop raised (its stall hook gave up): this rank is out of step from now on."""
+        self.broken = FastringError("a collective through the segment failed part-way")
+        return 0
+
+    # ------------------------------------------------------------------ collectives
+    # Each runs whole without the GIL (a training thread holding it for milliseconds must not
+    # stall every round); only a slow wait's stall hook takes it.
+
+    def allreduce(self, uintptr_t src, uintptr_t dst, int64_t nbytes, uintptr_t reduce_fn,
+                  int64_t itemsize, bint one_step):
+        """Allreduce `nbytes` at `src` into `dst` (may be `src`) with `reduce_fn`
+        (dst = dst op src, a reduction cfunc over `itemsize`-byte elements).
+
+        `one_step` (the message must fit in one buffer): every rank copies its input into its
+        buffer, and after one barrier reduces all of them, in rank order, into `dst`: the
+        same bits everywhere, one synchronisation. Otherwise, in rounds of up to a buffer:
+        every rank copies the parts of its input that the others reduce into its buffer,
+        reduces its own part (its input and every peer's copy of that part, piece by piece
+        while it is in L1) into its buffer and `dst`, and after a second barrier copies the
+        others' reduced parts into `dst`. Each element is reduced by one rank (or by all
+        alike), so `dst` holds the same bits on every rank."""
+        self._check()
+        if nbytes % itemsize or nbytes < 0 or itemsize <= 0:
+            raise ValueError(f"nbytes ({nbytes}) must be a multiple of itemsize ({itemsize})")
+        if one_step and nbytes > self.tile:
+            raise ValueError(f"a one-step allreduce must fit in {self.tile} bytes, got {nbytes}")
+        if nbytes == 0:
+            return
+        try:
+            with nogil:
+                if one_step:
+                    self._one_step(<char*> src, <char*> dst, nbytes, <reduce_fn_t> reduce_fn, itemsize)
+                else:
+                    self._rounds(<char*> src, <char*> dst, nbytes, <reduce_fn_t> reduce_fn, itemsize)
+        except BaseException:
+            self._failed()
+            raise
+
+    cdef int _one_step(self, char* src, char* dst, int64_t nbytes, reduce_fn_t reduce,
+                       int64_t itemsize) except -1 nogil:
+        cdef uint64_t round_ = self.data_rounds
+        cdef int r
+        self.data_rounds += 1
+        memcpy(self._data(self.rank, round_), src, nbytes)
+        self._data_arrive()
+        memcpy(dst, self._data(0, round_), nbytes)
+        for r in range(1, self.size):
+            reduce(dst, self._data(r, round_), nbytes // itemsize)
+        return 0
+
+    cdef int _rounds(self, char* src, char* dst, int64_t nbytes, reduce_fn_t reduce,
+                     int64_t itemsize) except -1 nogil:
+        cdef int n = self.size, me = self.rank, r
+        cdef int64_t count = nbytes // itemsize, per_round = self.tile // itemsize
+        cdef int64_t sub = max(1, SUB_BYTES // itemsize)
+        cdef int64_t done = 0, c, base, extra, lo, hi, off, k
+        cdef uint64_t round_
+        cdef char* mine
+        cdef char* s
+        cdef char* d
+        while done < count:
+            c = min(per_round, count - done)
+            base, extra = c // n, c % n
+            round_ = self.data_rounds
+            self.data_rounds += 1
+            mine = self._data(me, round_)
+            s, d = src + done * itemsize, dst + done * itemsize
+            for r in range(n):
+                if r != me:
+                    lo = r * base + min(r, extra)
+                    hi = lo + base + (1 if r < extra else 0)
+                    memcpy(mine + lo * itemsize, s + lo * itemsize, (hi - lo) * itemsize)
+            self._data_arrive()
+            lo = me * base + min(me, extra)
+            hi = lo + base + (1 if me < extra else 0)
+            off = lo
+            while off < hi:
+                k = min(sub, hi - off)
+                memcpy(mine + off * itemsize, s + off * itemsize, k * itemsize)
+                for r in range(n):
+                    if r != me:
+                        reduce(mine + off * itemsize, self._data(r, round_) + off * itemsize, k)
+                memcpy(d + off * itemsize, mine + off * itemsize, k * itemsize)
+                off += k
+            self._data_arrive()
+            for r in range(n):
+                if r != me:
+                    lo = r * base + min(r, extra)
+                    hi = lo + base + (1 if r < extra else 0)
+                    memcpy(d + lo * itemsize, self._data(r, round_) + lo * itemsize, (hi - lo) * itemsize)
+            done += c
+        return 0
+
+    def gatherv(self, uintptr_t src, uintptr_t dst, const int64_t[::1] counts,
+                const int64_t[::1] displs):
+        """Every rank r contributes counts[r] bytes (this rank's at `src`), and every rank
+        receives rank r's at dst + displs[r]: an allgather, or with one nonzero count a
+        broadcast (the root's `src` may be its `dst`: it copies nothing to itself). In rounds
+        of up to a buffer: each rank copies its piece into its buffer, and after one barrier
+        every rank copies every other rank's piece out."""
+        self._check()
+        cdef int n = self.size, me = self.rank, r
+        if counts.shape[0] != n or displs.shape[0] != n:
+            raise ValueError(f"counts and displs need {n} entries, got {counts.shape[0]} and {displs.shape[0]}")
+        cdef int64_t most = 0
+        for r in range(n):
+            if counts[r] < 0:
+                raise ValueError(f"counts[{r}] is negative: {counts[r]}")
+            most = max(most, counts[r])
+        try:
+            with nogil:
+                self._gatherv(<char*> src, <char*> dst, &counts[0], &displs[0], most)
+        except BaseException:
+            self._failed()
+            raise
+
+    cdef int _gatherv(self, char* src, char* dst, const int64_t* counts, const int64_t* displs,
+                      int64_t most) except -1 nogil:
+        cdef int n = self.size, me = self.rank, r
+        cdef int64_t lo = 0, piece
+        cdef uint64_t round_
+        if counts[me] and dst + displs[me] != src:
+            memcpy(dst + displs[me], src, counts[me])
+        while lo < most:
+            round_ = self.data_rounds
+            self.data_rounds += 1
+            piece = min(self.tile, counts[me] - lo)
+            if piece > 0:
+                memcpy(self._data(me, round_), src + lo, piece)
+            self._data_arrive()
+            for r in range(n):
+                piece = min(self.tile, counts[r] - lo)
+                if r != me and piece > 0:
+                    memcpy(dst + displs[r] + lo, self._data(r, round_), piece)
+            lo += self.tile
+        return 0
+
+    def alltoallv(self, uintptr_t src, const int64_t[:, ::1] counts, const int64_t[::1] sdispls,
+                  uintptr_t dst, const int64_t[::1] rdispls):
+        """Rank r sends counts[r, j] bytes to rank j (every rank passes the whole matrix):
+        this rank's to j from src + sdispls[j], and it receives rank r's at dst + rdispls[r].
+        In rounds: each rank's buffer holds one piece for every destination, side by side."""
+        self._check()
+        cdef int n = self.size, r, j
+        if counts.shape[0] != n or counts.shape[1] != n or sdispls.shape[0] != n or rdispls.shape[0] != n:
+            raise ValueError(f"alltoallv needs a {n} x {n} counts matrix and {n} displacements each")
+        cdef int64_t most = 0, width = self._width(1)
+        for r in range(n):
+            for j in range(n):
+                if counts[r, j] < 0:
+                    raise ValueError(f"counts[{r}, {j}] is negative: {counts[r, j]}")
+                if r != j:
+                    most = max(most, counts[r, j])
+        try:
+            with nogil:
+                self._alltoallv(<char*> src, &counts[0, 0], &sdispls[0], <char*> dst, &rdispls[0], most, width)
+        except BaseException:
+            self._failed()
+            raise
+
+    cdef int64_t _width(self, int64_t itemsize) except -1:
+        """Bytes of one rank's piece when a buffer holds a piece for every rank."""
+        cdef int64_t width = self.tile // self.size // 64 * 64
+        width -= width % itemsize
+        if width <= 0:
+            raise ValueError(f"a {self.tile}-byte buffer cannot hold a piece for each of {self.size} ranks")
+        return width
+
+    cdef int _alltoallv(self, char* src, const int64_t* counts, const int64_t* sdispls, char* dst,
+                        const int64_t* rdispls, int64_t most, int64_t width) except -1 nogil:
+        cdef int n = self.size, me = self.rank, r, j
+        cdef int64_t lo = 0, piece
+        cdef uint64_t round_
+        if counts[me * n + me]:
+            memcpy(dst + rdispls[me], src + sdispls[me], counts[me * n + me])
+        while lo < most:
+            round_ = self.data_rounds
+            self.data_rounds += 1
+            for j in range(n):
+                piece = min(width, counts[me * n + j] - lo)
+                if j != me and piece > 0:
+                    memcpy(self._data(me, round_) + j * width, src + sdispls[j] + lo, piece)
+            self._data_arrive()
+            for r in range(n):
+                piece = min(width, counts[r * n + me] - lo)
+                if r != me and piece > 0:
+                    memcpy(dst + rdispls[r] + lo, self._data(r, round_) + me * width, piece)
+            lo += width
+        return 0
+
+    def reduce_scatter(self, uintptr_t src, const int64_t[::1] offsets, uintptr_t dst,
+                       uintptr_t reduce_fn, int64_t itemsize):
+        """Rank r receives at `dst` the reduction of every rank's bytes
+        src[offsets[r]:offsets[r + 1]] (offsets in bytes, multiples of `itemsize`; `src` is
+        left as it is). In rounds: each rank copies a piece of every other rank's part into
+        its buffer, side by side, and after one barrier reduces its own part's pieces, in rank
+        order, straight into `dst`."""
+        self._check()
+        cdef int n = self.size, r
+        if offsets.shape[0] != n + 1:
+            raise ValueError(f"offsets needs {n + 1} entries, got {offsets.shape[0]}")
+        cdef int64_t most = 0, width = self._width(itemsize)
+        for r in range(n):
+            if offsets[r + 1] < offsets[r] or (offsets[r + 1] - offsets[r]) % itemsize:
+                raise ValueError(f"part {r} ({offsets[r]}..{offsets[r + 1]}) is not a whole number of items")
+            most = max(most, offsets[r + 1] - offsets[r])
+        try:
+            with nogil:
+                self._reduce_scatter(<char*> src, &offsets[0], <char*> dst, <reduce_fn_t> reduce_fn,
+                                     itemsize, most, width)
+        except BaseException:
+            self._failed()
+            raise
+
+    cdef int _reduce_scatter(self, char* src, const int64_t* offsets, char* dst, reduce_fn_t reduce,
+                             int64_t itemsize, int64_t most, int64_t width) except -1 nogil:
+        cdef int n = self.size, me = self.rank, r, j
+        cdef int64_t lo = 0, piece
+        cdef uint64_t round_
+        cdef char* out
+        while lo < most:
+            round_ = self.data_rounds
+            self.data_rounds += 1
+            for j in range(n):
+                piece = min(width, offsets[j + 1] - offsets[j] - lo)
+                if j != me and piece > 0:
+                    memcpy(self._data(me, round_) + j * width, src + offsets[j] + lo, piece)
+            self._data_arrive()
+            piece = min(width, offsets[me + 1] - offsets[me] - lo)
+            if piece > 0:
+                out = dst + lo
+                if me == 0:
+                    memcpy(out, src + offsets[me] + lo, piece)
+                else:
+                    memcpy(out, self._data(0, round_) + me * width, piece)
+                for r in range(1, n):
+                    reduce(out, src + offsets[me] + lo if r == me
+                           else self._data(r, round_) + me * width, piece // itemsize)
+            lo += width
+        return 0
+
+    def cycle_exchange(self, uintptr_t block, int64_t vector_words, int64_t capacity,
+                       uintptr_t tmp, uintptr_t reduce_fn, int64_t itemsize,
+                       double stall_seconds, object on_stall):
+        """`Transport.cycle_exchange` (same arguments and result; `tmp` is not needed)
+        through the segment: every rank writes its block into its cycle slot, and after one
+        barrier combines every slot, in rank order, into its own block, so that a
+        negotiation cycle makes no MPI call."""
+        self._check()
+        cdef int64_t words = HEADER_WORDS + 2 * vector_words
+        if words * 8 + capacity > self.cycle_bytes:
+            raise ValueError(f"a cycle block of {words * 8 + capacity} bytes does not fit the "
+                             f"segment's {self.cycle_bytes}-byte cycle slots")
+        cdef uint64_t round_ = self.cycles
+        self.cycles += 1
+        cdef uint64_t* header = <uint64_t*> block
+        cdef uint64_t* ready = header + HEADER_WORDS
+        cdef uint64_t* pending = ready + vector_words
+        cdef int r
+        cdef int64_t i
+        cdef bint leftover = False, any_ready = False
+        cdef void* hook = <void*> on_stall if on_stall is not None else NULL
+        cdef reduce_fn_t reduce = <reduce_fn_t> reduce_fn
+        cdef uint64_t* other
+        try:
+            with nogil:
+                memcpy(self._cycle_slot(self.rank, round_), <char*> block,
+                       block_bytes(words, <char*> block))
+                self._arrive(_CYCLE_SPIN, stall_seconds if hook != NULL else 0, hook)
+                # The payloads are reduced only where every rank proposed the same request:
+                # a rank that proposed another (or none) may not hold their reduction at all.
+                for r in range(self.size):
+                    other = <uint64_t*> self._cycle_slot(r, round_)
+                    if other[HASH] != header[HASH] or other[PAYLOAD_BYTES] != header[PAYLOAD_BYTES]:
+                        reduce = NULL
+                memcpy(<char*> block, self._cycle_slot(0, round_),
+                       block_bytes(words, self._cycle_slot(0, round_)))
+                for r in range(1, self.size):
+                    combine_blocks(words, vector_words, reduce, itemsize,
+                                   <char*> block, self._cycle_slot(r, round_))
+                for i in range(vector_words):
+                    any_ready = any_ready or ready[i] != 0
+                    leftover = leftover or (pending[i] & ~ready[i]) != 0
+        except BaseException:
+            self._failed()
+            raise
+        return header[0], header[HASH], leftover, any_ready
+
+
+cdef extern from "<errno.h>":
+    int errno
+
+
+cdef int _errno() noexcept:
+    return errno

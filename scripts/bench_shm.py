@@ -1,0 +1,192 @@
+"""The one-host figures of BENCHMARKS.md (issue 18), each a ratio against MPI in the same launch
+on the same kind of buffer (float32, in place; ratio = MPI's time / fastring's, so above 1 is
+faster than MPI):
+
+  * allreduce at each size, called back to back, and with the caller's own mpi4py barrier
+    before every call (the barrier is not timed; each call is);
+  * grouped_allreduce of 100 x 40 KB vs 100 MPI_Allreduce calls;
+  * allgather, reducescatter, broadcast, alltoall at 1 MiB and 16 MiB (bytes per rank's
+    input; MPI_Allgather, MPI_Reduce_scatter_block, MPI_Bcast, MPI_Alltoall);
+  * the 256 MiB allreduce's bus bandwidth as a percentage of the copy-once floor: every rank
+    copies its 256 MiB buffer once, all at the same time (np.copyto).
+
+Trials of fastring and MPI alternate, so that both see the same state of the machine; each
+figure is the median over the trials. Run it several times (separate launches) and quote the
+minimum and the median of the ratios.
+
+usage: fastring-run -np 2 python scripts/bench_shm.py [--sizes 4K,64K,1M,16M,64M,256M] [--json f]
+       python scripts/bench_shm.py --summarize run1.json run2.json ...   (a Markdown table of
+       the minimum and the median of each figure over the launches)
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import numpy as np
+from mpi4py import MPI
+
+import fastring
+from fastring.tools.bench import format_bytes, parse_bytes
+
+
+def timed(fn, calls: int, comm, barrier: bool) -> float:
+    """Seconds per call of `fn`, `calls` calls; with `barrier`, each call is preceded by an
+    untimed MPI barrier."""
+    total = 0.0
+    if barrier:
+        for _ in range(calls):
+            comm.Barrier()
+            t = time.perf_counter()
+            fn()
+            total += time.perf_counter() - t
+    else:
+        comm.Barrier()
+        t = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        total = time.perf_counter() - t
+    # the slowest rank's time: the collective is done when every rank is
+    return comm.allreduce(total, op=MPI.MAX) / calls
+
+
+def compare(ours, theirs, calls: int, trials: int, comm, barrier: bool = False) -> dict:
+    ours(), theirs()  # warm up: first-touch page faults, kernels compiled, caches filled
+    mine, mpi = [], []
+    for _ in range(trials):
+        mine.append(timed(ours, calls, comm, barrier))
+        mpi.append(timed(theirs, calls, comm, barrier))
+    f, m = float(np.median(mine)), float(np.median(mpi))
+    return {"fastring_us": f * 1e6, "mpi_us": m * 1e6, "ratio": m / f}
+
+
+def calls_for(nbytes: int) -> tuple[int, int]:
+    """(calls per trial, trials): about 20 ms of work per trial for the small sizes."""
+    if nbytes <= 64 << 10:
+        return 200, 7
+    if nbytes <= 1 << 20:
+        return 40, 7
+    if nbytes <= 16 << 20:
+        return 5, 5
+    return 1, 5
+
+
+def allreduce_rows(sizes, comm, barrier: bool) -> list[dict]:
+    rows = []
+    for nbytes in sizes:
+        x = np.ones(nbytes // 4, np.float32)
+        y = np.ones(nbytes // 4, np.float32)
+        name = f"x{nbytes}"
+        calls, trials = calls_for(nbytes)
+        row = compare(lambda: fastring.allreduce(x, op=fastring.Sum, name=name, out=x),
+                      lambda: comm.Allreduce(MPI.IN_PLACE, y, MPI.SUM), calls, trials, comm, barrier)
+        row.update(what="allreduce", bytes=nbytes, barrier=barrier)
+        rows.append(row)
+    return rows
+
+
+def grouped_row(comm) -> dict:
+    tensors = [np.ones(10_000, np.float32) for _ in range(100)]
+    mine = [np.ones(10_000, np.float32) for _ in range(100)]
+
+    def mpi_loop():
+        for t in tensors:
+            comm.Allreduce(MPI.IN_PLACE, t, MPI.SUM)
+    row = compare(lambda: fastring.grouped_allreduce(mine, op=fastring.Sum, name="grads"), mpi_loop, 10, 7, comm)
+    row.update(what="grouped_allreduce 100 x 40 KB", bytes=4_000_000, barrier=False)
+    return row
+
+
+def collective_rows(comm, sizes) -> list[dict]:
+    n = comm.Get_size()
+    rows = []
+    for nbytes in sizes:
+        count = nbytes // 4
+        x = np.ones(count, np.float32)
+        gathered = np.empty(count * n, np.float32)
+        big = np.ones(count * n, np.float32)
+        part = np.empty(count, np.float32)
+        a2a_in = np.ones(count - count % n, np.float32)
+        a2a_out = np.empty_like(a2a_in)
+        calls, trials = calls_for(nbytes)
+        cases = (
+            ("allgather", lambda: fastring.allgather(x, name="ag"),
+             lambda: comm.Allgather(x, gathered)),
+            ("reducescatter", lambda: fastring.reducescatter(big, op=fastring.Sum, name="rs"),
+             lambda: comm.Reduce_scatter_block(big, part, MPI.SUM)),
+            ("broadcast", lambda: fastring.broadcast(x, 0, name="bc", out=x),
+             lambda: comm.Bcast(x, 0)),
+            ("alltoall", lambda: fastring.alltoall(a2a_in, name="a2a"),
+             lambda: comm.Alltoall(a2a_in, a2a_out)),
+        )
+        for what, ours, theirs in cases:
+            row = compare(ours, theirs, calls, trials, comm)
+            row.update(what=what, bytes=nbytes, barrier=False)
+            rows.append(row)
+    return rows
+
+
+def floor_row(comm, nbytes: int = 256 << 20) -> dict:
+    x = np.ones(nbytes // 4, np.float32)
+    src, dst = np.ones(nbytes // 4, np.float32), np.empty(nbytes // 4, np.float32)
+    row = compare(lambda: fastring.allreduce(x, op=fastring.Sum, name="floor", out=x),
+                  lambda: np.copyto(dst, src), 1, 5, comm)
+    n = comm.Get_size()
+    busbw = 2 * (n - 1) / n * nbytes / (row["fastring_us"] * 1e-6)
+    return {"what": "256 MiB busbw / copy-once floor", "bytes": nbytes, "barrier": False,
+            "fastring_us": row["fastring_us"], "copy_us": row["mpi_us"],
+            "busbw_GBps": busbw / 1e9, "floor_GBps": nbytes / (row["mpi_us"] * 1e-6) / 1e9,
+            "percent": 100 * busbw / (nbytes / (row["mpi_us"] * 1e-6))}
+
+
+def summarize(paths: list[str]) -> None:
+    runs = [json.load(open(p)) for p in paths]
+    print(f"| figure | size | caller's barrier | min over {len(runs)} launches | median | every launch |")
+    print("|---|---:|---|---:|---:|---|")
+    for k, row in enumerate(runs[0]):
+        key = "percent" if "percent" in row else "ratio"
+        values = [r[k][key] for r in runs]
+        unit = "%" if key == "percent" else ""
+        print(f"| {row['what']} | {format_bytes(row['bytes'])} | {'yes' if row['barrier'] else 'no'} | "
+              f"{min(values):.2f}{unit} | {float(np.median(values)):.2f}{unit} | "
+              f"{', '.join(f'{v:.2f}' for v in values)} |")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--summarize", nargs="+", metavar="JSON", help="summarize earlier runs and exit")
+    parser.add_argument("--sizes", default="4K,64K,1M,16M,64M,256M")
+    parser.add_argument("--collectives", default="1M,16M", help="sizes for the other collectives ('' for none)")
+    parser.add_argument("--no-floor", action="store_true")
+    parser.add_argument("--json", help="also write the rows here (rank 0)")
+    args = parser.parse_args()
+    if args.summarize:
+        summarize(args.summarize)
+        return
+    fastring.init()
+    comm = MPI.COMM_WORLD
+    sizes = [parse_bytes(s) for s in args.sizes.split(",") if s]
+    rows = allreduce_rows(sizes, comm, False) + allreduce_rows(sizes, comm, True) + [grouped_row(comm)]
+    rows += collective_rows(comm, [parse_bytes(s) for s in args.collectives.split(",") if s])
+    if not args.no_floor:
+        rows.append(floor_row(comm))
+    if comm.Get_rank() == 0:
+        from fastring._core.runtime import runtime
+        print(f"# np={comm.Get_size()} shm={'on' if runtime().shm is not None else 'off'}")
+        print(f"{'what':<32} {'bytes':>8} {'barrier':>7} {'fastring us':>12} {'MPI us':>10} {'ratio':>6}")
+        for r in rows:
+            if "percent" in r:
+                print(f"{r['what']:<32} {format_bytes(r['bytes']):>8} {'':>7} {r['fastring_us']:>12.1f} "
+                      f"{r['copy_us']:>10.1f} {r['percent']:>5.0f}%  (busbw {r['busbw_GBps']:.2f} GB/s, "
+                      f"floor {r['floor_GBps']:.2f} GB/s)")
+            else:
+                print(f"{r['what']:<32} {format_bytes(r['bytes']):>8} {'yes' if r['barrier'] else 'no':>7} "
+                      f"{r['fastring_us']:>12.1f} {r['mpi_us']:>10.1f} {r['ratio']:>6.2f}")
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(rows, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
