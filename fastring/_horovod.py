@@ -201,8 +201,8 @@ def broadcast_object(obj: Any, root_rank: int = 0, name: str | None = None,
         >>> hvd.broadcast_object({"epoch": 3} if hvd.fastring.rank() == 0 else None, root_rank=0)
         {'epoch': 3}
     """
-    check_process_set(process_set)
-    return fastring.broadcast_object(obj, root_rank, name=full_name("broadcast_object", name))
+    return fastring.broadcast_object(obj, root_rank, name=full_name("broadcast_object", name),
+                                     process_set=process_set)
 
 
 def allgather_object(obj: Any, name: str | None = None, process_set=global_process_set) -> list:
@@ -214,8 +214,8 @@ def allgather_object(obj: Any, name: str | None = None, process_set=global_proce
         >>> hvd.allgather_object(hvd.fastring.rank())   # on 1 rank
         [0]
     """
-    check_process_set(process_set)
-    return fastring.allgather_object(obj, name=full_name("allgather_object", name))
+    return fastring.allgather_object(obj, name=full_name("allgather_object", name),
+                                     process_set=process_set)
 
 
 def wait_all(handles) -> list:

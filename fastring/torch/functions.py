@@ -2,31 +2,16 @@
 broadcast_optimizer_state, broadcast_object, allgather_object."""
 from __future__ import annotations
 
-from typing import Any, Iterable
+from typing import Iterable
 
 import torch
 
-import fastring
 
-from fastring._horovod import full_name, global_process_set
+from fastring._horovod import allgather_object, broadcast_object, global_process_set, wait_all
 
-from .mpi_ops import broadcast_async_, rank, synchronize
+from .mpi_ops import broadcast_async_, rank
 
 __all__ = ["broadcast_parameters", "broadcast_optimizer_state", "broadcast_object", "allgather_object"]
-
-
-def wait_all(handles: Iterable) -> list:
-    """Wait for every handle (so that nothing stays in flight), then raise the first error."""
-    results, first_error = [], None
-    for handle in handles:
-        try:
-            results.append(synchronize(handle))
-        except Exception as err:  # noqa: BLE001 - re-raised below, after the others finished
-            results.append(None)
-            first_error = first_error or err
-    if first_error is not None:
-        raise first_error
-    return results
 
 
 def broadcast_parameters(params, root_rank: int, *, process_set=global_process_set) -> None:
@@ -147,30 +132,3 @@ def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int, 
                 del group[k]
             group.update(opts)
     wait_all([broadcast_async_(t, root_rank, name, process_set) for name, t in tensors])
-
-
-def broadcast_object(obj: Any, root_rank: int = 0, name: str | None = None,
-                     process_set=global_process_set) -> Any:
-    """Every rank receives a copy of `root_rank`'s picklable object (cloudpickle).
-
-    Example:
-        >>> import fastring.torch as hvd
-        >>> hvd.init()
-        >>> hvd.broadcast_object({"epoch": 3} if hvd.rank() == 0 else None, root_rank=0)
-        {'epoch': 3}
-    """
-    return fastring.broadcast_object(obj, root_rank, name=full_name("broadcast_object", name),
-                                     process_set=process_set)
-
-
-def allgather_object(obj: Any, name: str | None = None, process_set=global_process_set) -> list:
-    """A list with every rank's picklable object, in rank order.
-
-    Example:
-        >>> import fastring.torch as hvd
-        >>> hvd.init()
-        >>> hvd.allgather_object(hvd.rank())   # on 1 rank
-        [0]
-    """
-    return fastring.allgather_object(obj, name=full_name("allgather_object", name),
-                                     process_set=process_set)

@@ -17,7 +17,8 @@ import torch
 
 import fastring
 from fastring import Compression, FastringError, Handle, ReduceOp
-from fastring._horovod import (Adasum, ProcessSet, add_process_set, ccl_built, compressed, cuda_built, ddl_built, full_name, gloo_built, gloo_enabled,
+from fastring._horovod import (Adasum, Average, Max, Min, Product, Sum, cross_rank, cross_size, is_initialized,
+                               local_rank, local_size, rank, shutdown, size, ProcessSet, add_process_set, ccl_built, compressed, cuda_built, ddl_built, full_name, gloo_built, gloo_enabled,
                                global_process_set, horovod_op, init, is_native, mpi_built, mpi_enabled,
                                mpi_threads_supported, nccl_built, remove_process_set, rocm_built)
 
@@ -36,19 +37,9 @@ __all__ = [
     "HorovodInternalError", "HostsUpdatedInterrupt",
 ]
 
-Average, Sum, Min, Max, Product = (ReduceOp.Average, ReduceOp.Sum, ReduceOp.Min, ReduceOp.Max,
-                                   ReduceOp.Product)
 # Horovod's error names: `except hvd.HorovodInternalError` catches fastring's cross-rank errors.
 HorovodInternalError = fastring.FastringError
 HostsUpdatedInterrupt = fastring.HostsUpdatedInterrupt
-shutdown = fastring.shutdown
-is_initialized = fastring.is_initialized
-rank = fastring.rank
-size = fastring.size
-local_rank = fastring.local_rank
-local_size = fastring.local_size
-cross_rank = fastring.cross_rank
-cross_size = fastring.cross_size
 
 
 class _Deferred:
