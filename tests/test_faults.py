@@ -131,7 +131,10 @@ def test_a_stopped_rank_is_an_error_on_time(tmp_path, n, case, during):
         rc, out = job.finish()
         got = errors_in_time(out, SHUTDOWN + 2)
         assert sorted(r for r, _, _ in got) == list(range(n - 1)), out
-        assert any(f"rank {v}" in m and during in m for _, _, m in got), out
+        # Where V stops races with the scheduler: mostly mid-transfer, but a partner may have
+        # seen the transfer complete just before and wait for V in the next negotiation.
+        labels = (during,) if case == "stop_negotiation" else (during, "negotiation")
+        assert any(f"rank {v}" in m and any(label in m for label in labels) for _, _, m in got), out
         assert rc != 0, out
         assert "gave up its collectives" in out and "exits with code 1 without MPI_Finalize" in out, out
         assert survivors(job.mark) == ""
