@@ -9,6 +9,7 @@ that hangs longer still. Workers run under fastring-run's rank guard, so a rank 
 waiting for it until the timeout."""
 from __future__ import annotations
 
+import doctest
 import os
 import subprocess
 import sys
@@ -75,3 +76,14 @@ def _text(data: str | bytes | None) -> str:
 def mpirun():
     """Run a worker on n ranks; fails the test with the workers' output unless it exits 0."""
     return run_ranks
+
+
+def check_doctests(modules, more_than: int) -> None:
+    """Run the docstring examples of every module in `modules`: none may fail, and more than
+    `more_than` must run in all (so that a module losing its examples is noticed)."""
+    attempted = 0
+    for module in modules:
+        result = doctest.testmod(module, optionflags=doctest.NORMALIZE_WHITESPACE)
+        assert result.failed == 0, module.__name__
+        attempted += result.attempted
+    assert attempted > more_than

@@ -1,7 +1,6 @@
 """fastring.jax: the multi-rank suite (tests/workers/jax_collectives.py) at 1, 2 and 3 ranks, the
 training example under fastring-run, and the doctests. JAX comes with the `test` extra, so
 nothing here skips."""
-import doctest
 import os
 import re
 import subprocess
@@ -10,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import check_doctests
 import fastring.jax as fj
 from fastring.jax import _route, collectives, training
 
@@ -35,9 +35,4 @@ def test_example_trains_with_a_jitted_step_and_ends_with_identical_replicas():
 
 def test_doctests():
     fj.init()
-    attempted = 0
-    for module in (fj, collectives, training, _route):
-        result = doctest.testmod(module, optionflags=doctest.NORMALIZE_WHITESPACE)
-        assert result.failed == 0, module.__name__
-        attempted += result.attempted
-    assert attempted > 20
+    check_doctests((fj, collectives, training, _route), more_than=20)

@@ -2,7 +2,6 @@
 TensorFlow backend at 1 and 3 ranks and on the PyTorch backend at 2, Horovod's Keras example
 with only its import line changed, examples/keras_train.py under fastring-run, the JAX
 backend's error, Horovod's signatures and the doctests."""
-import doctest
 import inspect
 import os
 import re
@@ -15,6 +14,7 @@ import pytest
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 keras = pytest.importorskip("keras")
 
+from conftest import check_doctests  # noqa: E402
 import fastring.keras as hvd  # noqa: E402
 from fastring.keras import backend, callbacks, optimizer  # noqa: E402
 
@@ -106,9 +106,4 @@ def test_schedule_refuses_a_learning_rate_schedule():
 
 def test_doctests():
     hvd.init()
-    attempted = 0
-    for module in (optimizer, callbacks, backend, hvd):
-        result = doctest.testmod(module, optionflags=doctest.NORMALIZE_WHITESPACE)
-        assert result.failed == 0, module.__name__
-        attempted += result.attempted
-    assert attempted > 10
+    check_doctests((optimizer, callbacks, backend, hvd), more_than=10)

@@ -1,7 +1,6 @@
 """fastring.tensorflow, the drop-in replacement for horovod.tensorflow: the multi-rank suite
 (tests/workers/tf_collectives.py) at 1, 2 and 3 ranks, the custom-loop example under
 fastring-run, and what one process can check (Horovod's signatures, doctests)."""
-import doctest
 import inspect
 import os
 import re
@@ -14,6 +13,7 @@ import pytest
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 tf = pytest.importorskip("tensorflow")
 
+from conftest import check_doctests  # noqa: E402
 import fastring.tensorflow as hvd  # noqa: E402
 from fastring.tensorflow import functions, gradient_tape, mpi_ops, tensors  # noqa: E402
 
@@ -67,12 +67,7 @@ def test_every_exported_name_exists():
 
 def test_doctests():
     hvd.init()
-    attempted = 0
-    for module in (mpi_ops, functions, gradient_tape, tensors, hvd):
-        result = doctest.testmod(module, optionflags=doctest.NORMALIZE_WHITESPACE)
-        assert result.failed == 0, module.__name__
-        attempted += result.attempted
-    assert attempted > 25
+    check_doctests((mpi_ops, functions, gradient_tape, tensors, hvd), more_than=25)
 
 
 def test_tape_is_a_gradient_tape_and_forwards():

@@ -2,7 +2,6 @@
 Horovod's test_torch.py (tests/workers/torch_*.py) at 2 and 3 ranks, the training example under
 fastring-run, and what a single process can check (API surface, Horovod's signatures, local
 errors, the optimizer subclass, doctests)."""
-import doctest
 import inspect
 import os
 import re
@@ -15,6 +14,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from conftest import check_doctests  # noqa: E402
 import fastring  # noqa: E402
 import fastring.torch as hvd  # noqa: E402
 from fastring.torch import compression, functions, mpi_ops, optimizer  # noqa: E402
@@ -110,12 +110,7 @@ def test_defaults_are_horovods():
 
 def test_doctests():
     hvd.init()
-    attempted = 0
-    for module in (mpi_ops, functions, optimizer, compression, hvd):
-        result = doctest.testmod(module, optionflags=doctest.NORMALIZE_WHITESPACE)
-        assert result.failed == 0, module.__name__
-        attempted += result.attempted
-    assert attempted > 60
+    check_doctests((mpi_ops, functions, optimizer, compression, hvd), more_than=60)
 
 
 @pytest.fixture
