@@ -38,4 +38,7 @@ extensions = [
     )
     for source in sorted(glob.glob("fastring/_transport/*.pyx"))
 ]
+# fastring.jax's XLA FFI handler: C API structs declared in fastring/jax/xla_ffi.h, no jaxlib.
+extensions.append(Extension("fastring.jax._xla_ffi", ["fastring/jax/_xla_ffi.pyx"],
+                            include_dirs=["fastring/jax", numpy.get_include()], extra_compile_args=["-O2"]))
 setup(ext_modules=cythonize(extensions, compiler_directives={"language_level": 3}))

@@ -1,17 +1,19 @@
 """fastring.jax: the multi-rank suite (tests/workers/jax_collectives.py) at 1, 2 and 3 ranks, the
-training example under fastring-run, and the doctests. JAX comes with the `test` extra, so
-nothing here skips."""
+training example under fastring-run, the FFI handler's C declarations against the installed
+jaxlib's header, and the doctests. JAX comes with the `test` extra, so nothing here skips."""
 import os
 import re
+import shlex
 import subprocess
 import sys
+import sysconfig
 from pathlib import Path
 
 import pytest
 
 from conftest import check_doctests
 import fastring.jax as fj
-from fastring.jax import _route, collectives, training
+from fastring.jax import _route, _xla_ffi, collectives, training
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "jax_train.py"
 
@@ -33,6 +35,33 @@ def test_example_trains_with_a_jitted_step_and_ends_with_identical_replicas():
     assert "replicas identical on all 2 ranks: True" in proc.stdout
 
 
+def test_ffi_declarations_match_the_installed_jaxlib_header(tmp_path):
+    """Every offset, struct size and enum value the handler was compiled with (from
+    fastring/jax/xla_ffi.h) equals what the same C expression gives against jaxlib's own
+    xla/ffi/api/c_api.h; the API version it reports has jaxlib's major and a minor no newer."""
+    import jax.ffi
+
+    layout = _xla_ffi.layout()
+    version = {key: layout.pop(key) for key in ("FASTRING_FFI_API_MAJOR", "FASTRING_FFI_API_MINOR")}
+    assert len(layout) > 50
+    probe = tmp_path / "probe.c"
+    probe.write_text("\n".join([
+        "#include <stdio.h>", "#include <stddef.h>", '#include "xla/ffi/api/c_api.h"',
+        "#define FASTRING_FFI_SIZE_TO XLA_FFI_STRUCT_SIZE",  # the same definition under its own name
+        "int main(void) {",
+        '  printf("%d %d\\n", XLA_FFI_API_MAJOR, XLA_FFI_API_MINOR);',
+        *[f'  printf("%lld\\n", (long long)({expr}));' for expr in layout],
+        "  return 0;", "}"]))
+    cc = shlex.split(sysconfig.get_config_var("CC") or "cc")
+    subprocess.run([*cc, "-I", jax.ffi.include_dir(), str(probe), "-o", str(tmp_path / "probe")],
+                   check=True, capture_output=True, text=True)
+    lines = subprocess.run([str(tmp_path / "probe")], check=True, capture_output=True, text=True).stdout.split("\n")
+    major, minor = map(int, lines[0].split())
+    assert version["FASTRING_FFI_API_MAJOR"] == major and version["FASTRING_FFI_API_MINOR"] <= minor
+    jaxlib = dict(zip(layout, map(int, lines[1:])))
+    assert jaxlib == layout
+
+
 def test_doctests():
     fj.init()
-    check_doctests((fj, collectives, training, _route), more_than=20)
+    check_doctests((fj, collectives, training, _route, _xla_ffi), more_than=20)

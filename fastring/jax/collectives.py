@@ -4,9 +4,10 @@ Outside jit a collective takes the array's host memory as a numpy view (no copy;
 arrays are never written to) and returns a new jax.Array over the core's result, which the
 core's pool allocates 64-byte aligned so that XLA's CPU client takes it without a copy.
 
-Inside jit each collective is one host call in the compiled program (`_host`), ordered after
-every host call before it, so that every rank runs its collectives in program order and XLA
-can neither drop nor reorder them. Shapes inside jit are static, so the collectives whose
+Inside jit each collective is one XLA FFI custom call of the compiled program (`_route`),
+ordered after every one before it, so that every rank runs its collectives in program order
+and XLA can neither drop nor reorder them; the core reads XLA's input buffers and writes its
+output buffers in place. Shapes inside jit are static, so the collectives whose
 result shape depends on other ranks' inputs (allgather, alltoall) require the same dimension 0
 on every rank there, checked on every rank before any data moves.
 
@@ -30,7 +31,7 @@ import numpy as np
 import fastring
 from fastring import Compression, Compressor, FastringError, ReduceOp
 
-from ._route import host_call
+from ._route import custom_call
 
 Average, Sum, Min, Max, Product = (ReduceOp.Average, ReduceOp.Sum, ReduceOp.Min, ReduceOp.Max,
                                    ReduceOp.Product)
@@ -84,30 +85,44 @@ def _spec(shape, dtype) -> jax.ShapeDtypeStruct:
 
 
 class _Names:
-    """Names for the unnamed collectives of compiled programs, `jax.<kind>.<n>`, numbered in
-    the order they run. The core numbers unnamed collectives per calling thread, and XLA runs
-    host calls on whichever of its threads is free; ordered host calls run one at a time in
-    program order, so this one count is the same on every rank."""
+    """Names for the unnamed collectives of compiled programs, `jax.<kind>.noname.<n>`,
+    numbered in the order they run. The core numbers unnamed collectives per calling thread,
+    and XLA runs a program on whichever of its threads is free; the ordered custom calls run
+    one at a time in program order, so this one count is the same on every rank. The
+    `.noname.` marks them automatic to the core (never cached by name, refused where a
+    residual needs a real name)."""
 
     def __init__(self) -> None:
         self._count = itertools.count()
 
     def next(self, kind: str) -> str:
-        return f"jax.{kind}.{next(self._count)}"
+        return f"jax.{kind}.noname.{next(self._count)}"
 
 
 _NAMES = _Names()
 
+# core(name, inputs, outputs) -> results: a collective of numpy `inputs` on every rank, whose
+# results are written into `outputs` where the core takes `out=` (and returned), or returned
+# as new arrays; `outputs` is None outside jit.
+Core = Callable[[Any, tuple, Any], list]
 
-def _run(kind: str, core_fn: Callable, specs, name: str | None, *arrays):
-    """`core_fn(name, *arrays)` (numpy arrays in, numpy results out): now if the arrays are
-    concrete, else as one ordered host call of the compiled program, whose results have
-    `specs` and whose name, if the caller gave none, is numbered when it runs."""
-    if _traced(*arrays):
-        def host(*xs):
-            return core_fn(name or _NAMES.next(kind), *(_host_view(x) for x in xs))
-        return host_call(host, specs, *arrays)
-    return _as_jax(core_fn(name, *(_host_view(x) for x in arrays)))
+
+def _run(kind: str, static: tuple, core: Core, specs, name: str | None, *arrays) -> list:
+    """`core` now if the arrays are concrete (new jax.Arrays), else as one ordered FFI custom
+    call of the compiled program, with results shaped as `specs`, named when it runs if the
+    caller gave no name. `static` is every argument `core` closes over: with `kind` and
+    `name` it keys the custom call."""
+    if not _traced(*arrays):
+        return [_as_jax(r) for r in core(name, tuple(_host_view(x) for x in arrays), None)]
+
+    def runner(inputs: tuple, outputs: tuple) -> None:
+        results = core(name or _NAMES.next(kind), inputs, outputs)
+        for out, result in zip(outputs, results):
+            if result is not out:
+                if result.shape != out.shape:  # only a broken caller of this module gets here
+                    raise FastringError(f"{kind} gave shape {result.shape} where {out.shape} was expected")
+                np.copyto(out, result)
+    return custom_call(f"{kind}{static!r}:{name!r}", runner, specs, *arrays)
 
 
 def _check_op(op) -> ReduceOp:
@@ -163,9 +178,10 @@ def _reduction(op, name, compression, prescale_factor, postscale_factor) -> _Red
 # ----------------------------------------------------------------- allreduce
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
 def _allreduce(how: _Reduction, x):
-    return _run("allreduce", lambda name, a: fastring.allreduce(a, name=name, compression=how.compression,
-                                                            **how.kwargs()),
-                _spec(x.shape, x.dtype), how.name, x)
+    def core(name, ins, outs):
+        return [fastring.allreduce(ins[0], name=name, compression=how.compression,
+                                   out=None if outs is None else outs[0], **how.kwargs())]
+    return _run("allreduce", (how,), core, [_spec(x.shape, x.dtype)], how.name, x)[0]
 
 
 def _allreduce_fwd(how, x):
@@ -202,11 +218,9 @@ def allreduce(tensor: jax.Array, op: ReduceOp = Average, *, name: str | None = N
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
 def _grouped_allreduce(how: _Reduction, xs: tuple):
-    specs = [_spec(x.shape, x.dtype) for x in xs]
-    return tuple(_run("grouped_allreduce",
-                      lambda name, *a: fastring.grouped_allreduce(list(a), name=name,
-                                                                  compression=how.compression, **how.kwargs()),
-                      specs, how.name, *xs))
+    def core(name, ins, outs):
+        return fastring.grouped_allreduce(list(ins), name=name, compression=how.compression, **how.kwargs())
+    return tuple(_run("grouped_allreduce", (how,), core, [_spec(x.shape, x.dtype) for x in xs], how.name, *xs))
 
 
 def _grouped_fwd(how, xs):
@@ -249,14 +263,11 @@ def grouped_allreduce(tensors: Sequence[jax.Array], op: ReduceOp = Average, *, n
 def _gather_rows(x, name: str | None, total: int, check_equal: bool):
     """Allgather whose result has `total` rows (static); with `check_equal`, every rank first
     confirms that every rank passed the same rows."""
-    def gather(name, a):
+    def core(name, ins, outs):
         if check_equal:
-            _check_rows("allgather", name, a.shape[0])
-        out = fastring.allgather(a, name=name)
-        if out.shape[0] != total:  # only a broken caller of this module gets here
-            raise FastringError(f"allgather gave {out.shape[0]} rows where {total} were expected")
-        return out
-    return _run("allgather", gather, _spec((total,) + x.shape[1:], x.dtype), name, x)
+            _check_rows("allgather", name, ins[0].shape[0])
+        return [fastring.allgather(ins[0], name=name)]
+    return _run("allgather", (check_equal,), core, [_spec((total,) + x.shape[1:], x.dtype)], name, x)[0]
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
@@ -294,14 +305,15 @@ def allgather(tensor: jax.Array, *, name: str | None = None) -> jax.Array:
         raise ValueError("allgather needs at least one dimension, got a 0-d array")
     if _traced(x):
         return _allgather_equal(name, x)
-    return _run("allgather", lambda name, a: fastring.allgather(a, name=name), None, name, x)
+    return _run("allgather", (), lambda name, ins, _: [fastring.allgather(ins[0], name=name)], None, name, x)[0]
 
 
 # ----------------------------------------------------------------- broadcast
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
 def _broadcast(root_rank: int, name, x):
-    return _run("broadcast", lambda name, a: fastring.broadcast(a, root_rank, name=name),
-                _spec(x.shape, x.dtype), name, x)
+    def core(name, ins, outs):
+        return [fastring.broadcast(ins[0], root_rank, name=name, out=None if outs is None else outs[0])]
+    return _run("broadcast", (root_rank,), core, [_spec(x.shape, x.dtype)], name, x)[0]
 
 
 def _broadcast_fwd(root_rank, name, x):
@@ -336,10 +348,10 @@ def broadcast(tensor: jax.Array, root_rank: int, *, name: str | None = None) -> 
 # ----------------------------------------------------------------- alltoall
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
 def _alltoall_equal(name, x):
-    def exchange(name, a):
-        _check_rows("alltoall", name, a.shape[0])
-        return fastring.alltoall(a, name=name)
-    return _run("alltoall", exchange, _spec(x.shape, x.dtype), name, x)
+    def core(name, ins, outs):
+        _check_rows("alltoall", name, ins[0].shape[0])
+        return [fastring.alltoall(ins[0], name=name)]
+    return _run("alltoall", (), core, [_spec(x.shape, x.dtype)], name, x)[0]
 
 
 def _alltoall_fwd(name, x):
@@ -376,13 +388,13 @@ def alltoall(tensor: jax.Array, splits=None, *, name: str | None = None):
             raise NotImplementedError("alltoall with splits cannot run inside jax.jit: the rows "
                                       "each rank receives are known only at run time; call it "
                                       "outside jit, or use equal splits (splits=None)")
-        return _run("alltoall", lambda name, a: fastring.alltoall(a, splits, name=name), None, name, x)
+        return _as_jax(fastring.alltoall(_host_view(x), splits, name=name))
     if x.shape[0] % fastring.size():
         raise ValueError(f"alltoall without splits divides dimension 0 equally, but {x.shape[0]} "
                          f"rows do not divide among {fastring.size()} ranks")
     if _traced(x):
         return _alltoall_equal(name, x)
-    return _run("alltoall", lambda name, a: fastring.alltoall(a, name=name), None, name, x)
+    return _run("alltoall", (), lambda name, ins, _: [fastring.alltoall(ins[0], name=name)], None, name, x)[0]
 
 
 # ----------------------------------------------------------------- reducescatter
@@ -394,8 +406,9 @@ def _scattered_rows(rows: int) -> int:
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
 def _reducescatter(how: _Reduction, x):
     shape = (_scattered_rows(x.shape[0]),) + x.shape[1:]
-    return _run("reducescatter", lambda name, a: fastring.reducescatter(a, name=name, **how.kwargs()),
-                _spec(shape, x.dtype), how.name, x)
+    def core(name, ins, outs):
+        return [fastring.reducescatter(ins[0], name=name, **how.kwargs())]
+    return _run("reducescatter", (how,), core, [_spec(shape, x.dtype)], how.name, x)[0]
 
 
 def _reducescatter_fwd(how, x):

@@ -233,10 +233,55 @@ for root in range(N):
     check(f"broadcast_pytree {root} n0", got["n"][0], np.arange(3) + root, 0, np.int64)
     check(f"broadcast_pytree {root} n1", got["n"][1], np.float16(root), 0, np.float16)
 
+# ----------------------------------------------------------------- the route: ordered FFI custom calls
+lowered = jax.jit(lambda a: fj.allreduce(a, op=fj.Sum)).lower(jnp.ones(4)).as_text()
+c.CHECKS.check("fastring_collective" in lowered and "callback" not in lowered,
+               "allreduce inside jit is not the fastring_collective custom call")
+# Several collectives of one shape and dtype in one program, independent of each other: only
+# the ordered effect keeps XLA from running them in a different order on different ranks.
+xs = inputs(np.dtype(np.float64), (5,), 80)
+several = jax.jit(lambda a: [fj.allreduce(a * (k + 1) + k * R, op=op)
+                             for k, op in enumerate((fj.Sum, fj.Max, fj.Sum, fj.Min, fj.Product))])
+for k, (op, got) in enumerate(zip((fj.Sum, fj.Max, fj.Sum, fj.Min, fj.Product), several(jnp.asarray(xs[R])))):
+    expected, bound = c.reference([xs[r] * (k + 1) + k * r for r in range(N)], op, N)
+    check(f"jit ordered collective {k} {op.name}", got, expected, bound)
+# Successive programs dispatched without waiting (JAX runs them asynchronously), then read.
+first, second = jax.jit(lambda a: fj.allreduce(a, op=fj.Sum)), jax.jit(lambda a: fj.allreduce(a, op=fj.Max))
+pending = [(f, k) for k in range(3) for f in (first, second)]
+results = [f(jnp.asarray(xs[R] + k)) for f, k in pending]
+for (f, k), got in zip(pending, results):
+    op = fj.Sum if f is first else fj.Max
+    expected, bound = c.reference([xs[r] + k for r in range(N)], op, N)
+    check(f"async programs {op.name} {k}", got, expected, bound)
+# Inside a compiled loop: the same custom call runs once per iteration.
+looped = jax.jit(lambda a: jax.lax.fori_loop(0, 4, lambda i, v: fj.allreduce(v, op=fj.Average) * 2 + R, a))
+want = [x.copy() for x in xs]
+for _ in range(4):
+    mean = np.mean(want, axis=0)
+    want = [mean * 2 + r for r in range(N)]
+check("jit fori_loop allreduce", looped(jnp.asarray(xs[R])), want[R], 1e-12 * np.abs(want[R]) + 1e-12)
+# The output buffer XLA hands the core is written in place: a held result stays intact.
+held = jax.jit(lambda a: fj.allreduce(a, op=fj.Sum))(jnp.asarray(big[R]))
+held_bytes = np.asarray(held).copy()
+for _ in range(2):
+    jax.jit(lambda a: fj.allreduce(a, op=fj.Sum))(jnp.asarray(big[R]) * 3).block_until_ready()
+c.CHECKS.check(np.array_equal(np.asarray(held), held_bytes), "a held jit result was overwritten")
+
 # ----------------------------------------------------------------- cross-rank errors
 step = jax.jit(lambda a: fj.allreduce(a, op=fj.Sum))
 if N > 1:
-    expect_error("jit allreduce shape mismatch", Exception, lambda: step(jnp.ones(3 + R)), "shape differs")
+    # the core's error reaches the caller of the jitted step with its type and message
+    expect_error("jit allreduce shape mismatch", jax.errors.JaxRuntimeError, lambda: step(jnp.ones(3 + R)),
+                 "FastringError: ")
+    expect_error("jit allreduce shape mismatch text", jax.errors.JaxRuntimeError, lambda: step(jnp.ones(3 + R)),
+                 "shape differs")
+    # a program whose first collective fails runs none of the rest, on every rank alike
+    two = jax.jit(lambda a, b: (fj.allreduce(a, op=fj.Sum), fj.allgather(b)))
+    expect_error("jit mismatch then allgather", jax.errors.JaxRuntimeError,
+                 lambda: two(jnp.ones(2, jnp.float32 if R else jnp.float64), jnp.ones(2)), "dtype")
+    ok_a, ok_b = two(jnp.ones(2), jnp.ones(2))
+    check("jit program after a failed one [0]", ok_a, np.full(2, N), 0, np.float64)
+    check("jit program after a failed one [1]", ok_b, np.ones(2 * N), 0, np.float64)
     expect_error("eager allreduce dtype mismatch", fastring.FastringError,
                  lambda: fj.allreduce(jnp.ones(3, jnp.float32 if R else jnp.float64)), "dtype")
     expect_error("jit allgather unequal rows", Exception, lambda: jax.jit(fj.allgather)(jnp.ones((R + 1, 2))),
@@ -245,6 +290,13 @@ if N > 1:
                  "same dimension 0 on every rank")
 # after the errors the same jitted step runs and is right
 check("jit allreduce after errors", step(jnp.ones(4)), np.full(4, N), 0, np.float64)
+
+# any error of the core inside jit reaches the caller with its type and message: here a
+# residual-keeping compressor without a name, refused on every rank alike
+expect_error("jit error feedback unnamed", jax.errors.JaxRuntimeError,
+             lambda: jax.jit(lambda a: fj.allreduce(a, compression=fj.Compression.fp16_ef))(jnp.ones(3)),
+             "ValueError: ")
+check("jit allreduce after a local error", step(jnp.ones(4)), np.full(4, N), 0, np.float64)
 
 # ----------------------------------------------------------------- local argument errors
 expect_error("bad op", TypeError, lambda: fj.allreduce(jnp.ones(2), op="sum"), "ReduceOp")
