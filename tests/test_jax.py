@@ -53,8 +53,9 @@ def test_ffi_declarations_match_the_installed_jaxlib_header(tmp_path):
         *[f'  printf("%lld\\n", (long long)({expr}));' for expr in layout],
         "  return 0;", "}"]))
     cc = shlex.split(sysconfig.get_config_var("CC") or "cc")
-    subprocess.run([*cc, "-I", jax.ffi.include_dir(), str(probe), "-o", str(tmp_path / "probe")],
-                   check=True, capture_output=True, text=True)
+    built = subprocess.run([*cc, "-I", jax.ffi.include_dir(), str(probe), "-o", str(tmp_path / "probe")],
+                           capture_output=True, text=True)
+    assert built.returncode == 0, built.stderr  # a name xla_ffi.h declares that jaxlib's header lacks
     lines = subprocess.run([str(tmp_path / "probe")], check=True, capture_output=True, text=True).stdout.split("\n")
     major, minor = map(int, lines[0].split())
     assert version["FASTRING_FFI_API_MAJOR"] == major and version["FASTRING_FFI_API_MINOR"] <= minor
