@@ -149,7 +149,7 @@ def _check_rows(kind: str, name: str | None, rows: int) -> None:
 
 @dataclasses.dataclass(frozen=True)
 class _Reduction:
-    """The static arguments of a reduction: what the compiled host call closes over."""
+    """The static arguments of a reduction: what the compiled custom call closes over."""
     op: ReduceOp
     name: str | None
     compression: Compressor
@@ -178,9 +178,10 @@ def _reduction(op, name, compression, prescale_factor, postscale_factor) -> _Red
 # ----------------------------------------------------------------- allreduce
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
 def _allreduce(how: _Reduction, x):
+    kwargs = dict(how.kwargs(), compression=how.compression)  # once per trace, not per call
+
     def core(name, ins, outs):
-        return [fastring.allreduce(ins[0], name=name, compression=how.compression,
-                                   out=None if outs is None else outs[0], **how.kwargs())]
+        return [fastring.allreduce(ins[0], name=name, out=None if outs is None else outs[0], **kwargs)]
     return _run("allreduce", (how,), core, [_spec(x.shape, x.dtype)], how.name, x)[0]
 
 
@@ -240,7 +241,7 @@ def grouped_allreduce(tensors: Sequence[jax.Array], op: ReduceOp = Average, *, n
                       postscale_factor: float = 1.0) -> list[jax.Array]:
     """Allreduce a list of arrays of one dtype as one fused operation; returns a list.
 
-    Inside jit the whole list is one host call and one fused allreduce. Differentiable for
+    Inside jit the whole list is one custom call and one fused allreduce. Differentiable for
     Sum and Average.
 
     Example:
