@@ -43,16 +43,17 @@ _collective_p.def_impl(functools.partial(xla.apply_primitive, _collective_p))
 
 
 @_collective_p.def_effectful_abstract_eval
-def _abstract_eval(*avals, key: str, out_avals: tuple):
-    del avals, key
+def _abstract_eval(*avals, key: str, out_avals: tuple, in_place: bool):
+    del avals, key, in_place
     return out_avals, {ORDERED_EFFECT}
 
 
-def _lowering(ctx, *args, key: str, out_avals: tuple):
+def _lowering(ctx, *args, key: str, out_avals: tuple, in_place: bool):
     del out_avals
     with_token = ctx.replace(avals_in=(*ctx.avals_in, abstract_token),
                              avals_out=(*ctx.avals_out, abstract_token))
-    *results, token = jax.ffi.ffi_lowering(_xla_ffi.TARGET, has_side_effect=True)(
+    aliases = {i: i for i in range(len(args))} if in_place else None
+    *results, token = jax.ffi.ffi_lowering(_xla_ffi.TARGET, has_side_effect=True, operand_output_aliases=aliases)(
         with_token, *args, token_in(ctx), key=key)
     set_token_out(ctx, token)
     return results
@@ -61,9 +62,14 @@ def _lowering(ctx, *args, key: str, out_avals: tuple):
 mlir.register_lowering(_collective_p, _lowering, platform="cpu")
 
 
-def custom_call(key: str, runner: Callable, specs: Sequence[jax.ShapeDtypeStruct], *arrays) -> list:
+def custom_call(key: str, runner: Callable, specs: Sequence[jax.ShapeDtypeStruct], *arrays,
+                in_place: bool = False) -> list:
     """Stage `runner(inputs, outputs)` (tuples of numpy arrays; outputs shaped as `specs`) as
     one ordered FFI custom call of the program being traced; returns its results.
+
+    With `in_place`, output i is input i's buffer (specs must be the inputs' shapes and
+    dtypes): it holds the input when the runner starts, and the runner works there. XLA
+    copies an input into a fresh buffer first only if the program still needs it afterwards.
 
     Example:
         >>> import jax, jax.numpy as jnp, numpy as np
@@ -74,4 +80,4 @@ def custom_call(key: str, runner: Callable, specs: Sequence[jax.ShapeDtypeStruct
     """
     _RUNNERS.setdefault(key, runner)
     out_avals = tuple(jax.core.ShapedArray(tuple(s.shape), s.dtype) for s in specs)
-    return _collective_p.bind(*arrays, key=key, out_avals=out_avals)
+    return _collective_p.bind(*arrays, key=key, out_avals=out_avals, in_place=in_place)

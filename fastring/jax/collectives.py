@@ -107,11 +107,12 @@ _NAMES = _Names()
 Core = Callable[[Any, tuple, Any], list]
 
 
-def _run(kind: str, static: tuple, core: Core, specs, name: str | None, *arrays) -> list:
+def _run(kind: str, static: tuple, core: Core, specs, name: str | None, *arrays, in_place: bool = False) -> list:
     """`core` now if the arrays are concrete (new jax.Arrays), else as one ordered FFI custom
     call of the compiled program, with results shaped as `specs`, named when it runs if the
     caller gave no name. `static` is every argument `core` closes over: with `kind` and
-    `name` it keys the custom call."""
+    `name` it keys the custom call. With `in_place` (see `custom_call`), `core` is given
+    outputs that already hold the inputs, and works in them."""
     if not _traced(*arrays):
         return [_as_jax(r) for r in core(name, tuple(_host_view(x) for x in arrays), None)]
 
@@ -122,7 +123,7 @@ def _run(kind: str, static: tuple, core: Core, specs, name: str | None, *arrays)
                 if result.shape != out.shape:  # only a broken caller of this module gets here
                     raise FastringError(f"{kind} gave shape {result.shape} where {out.shape} was expected")
                 np.copyto(out, result)
-    return custom_call(f"{kind}{static!r}:{name!r}", runner, specs, *arrays)
+    return custom_call(f"{kind}{static!r}:{name!r}", runner, specs, *arrays, in_place=in_place)
 
 
 def _check_op(op) -> ReduceOp:
@@ -181,8 +182,10 @@ def _allreduce(how: _Reduction, x):
     kwargs = dict(how.kwargs(), compression=how.compression)  # once per trace, not per call
 
     def core(name, ins, outs):
-        return [fastring.allreduce(ins[0], name=name, out=None if outs is None else outs[0], **kwargs)]
-    return _run("allreduce", (how,), core, [_spec(x.shape, x.dtype)], how.name, x)[0]
+        if outs is None:
+            return [fastring.allreduce(ins[0], name=name, **kwargs)]
+        return [fastring.allreduce(outs[0], name=name, out=outs[0], **kwargs)]  # in place
+    return _run("allreduce", (how,), core, [_spec(x.shape, x.dtype)], how.name, x, in_place=True)[0]
 
 
 def _allreduce_fwd(how, x):
@@ -313,8 +316,10 @@ def allgather(tensor: jax.Array, *, name: str | None = None) -> jax.Array:
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
 def _broadcast(root_rank: int, name, x):
     def core(name, ins, outs):
-        return [fastring.broadcast(ins[0], root_rank, name=name, out=None if outs is None else outs[0])]
-    return _run("broadcast", (root_rank,), core, [_spec(x.shape, x.dtype)], name, x)[0]
+        if outs is None:
+            return [fastring.broadcast(ins[0], root_rank, name=name)]
+        return [fastring.broadcast(outs[0], root_rank, name=name, out=outs[0])]  # in place
+    return _run("broadcast", (root_rank,), core, [_spec(x.shape, x.dtype)], name, x, in_place=True)[0]
 
 
 def _broadcast_fwd(root_rank, name, x):

@@ -72,6 +72,8 @@ for dt in DTYPES:
         if dt in (np.float32, np.int32) or op == fj.Sum:
             got = jax.jit(lambda a, op=op: fj.allreduce(a, op=op))(x)
             check(f"jit allreduce {dt} {op.name}", got, expected, bound, dt, SHAPE)
+            # inside jit the core works in XLA's output buffer, which aliases the input's
+            c.CHECKS.check(np.array_equal(np.asarray(x), xs[R]), f"jit allreduce {dt} {op.name}: input changed")
             c.check_identical(f"jit allreduce {dt} {op.name}", host(got))
 
 # scale factors and 16-bit compression, inside jit
@@ -260,6 +262,13 @@ for _ in range(4):
     mean = np.mean(want, axis=0)
     want = [mean * 2 + r for r in range(N)]
 check("jit fori_loop allreduce", looped(jnp.asarray(xs[R])), want[R], 1e-12 * np.abs(want[R]) + 1e-12)
+# An input the program still needs after the in-place collective keeps its value.
+both = jax.jit(lambda a: (fj.allreduce(a, op=fj.Sum), a * 1, fj.broadcast(a, 0), a + 0))(jnp.asarray(xs[R]))
+expected, bound = c.reference(xs, fj.Sum, N)
+check("jit allreduce, input used after", both[0], expected, bound)
+check("jit input after allreduce", both[1], xs[R])
+check("jit broadcast, input used after", both[2], xs[0])
+check("jit input after broadcast", both[3], xs[R])
 # The output buffer XLA hands the core is written in place: a held result stays intact.
 held = jax.jit(lambda a: fj.allreduce(a, op=fj.Sum))(jnp.asarray(big[R]))
 held_bytes = np.asarray(held).copy()
