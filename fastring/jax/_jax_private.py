@@ -22,6 +22,7 @@ except ImportError:
     from jax._src.core import abstract_token
 
 TokenSet = mlir.TokenSet
+__all__ = ["ORDERED_EFFECT", "abstract_token", "token_in", "set_token_out"]
 
 
 class FastringCollectiveEffect(_effects.Effect):
