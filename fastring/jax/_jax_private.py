@@ -30,7 +30,7 @@ class FastringCollectiveEffect(_effects.Effect):
     in program order; allowed inside control flow (lax.fori_loop, lax.cond) and
     custom_vjp rules."""
 
-    def __str__(self) -> str:
+    def __repr__(self) -> str:  # JAX's error messages list effects by repr
         return "FastringCollective"
 
 
