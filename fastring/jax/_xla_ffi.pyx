@@ -11,7 +11,6 @@ read-only; token operands left out). An exception raised there becomes the custo
 error, its type and message intact, which the jitted call's caller then sees.
 
 Example:
-    >>> import numpy as np
     >>> from fastring.jax import _xla_ffi
     >>> type(_xla_ffi.handler_capsule()).__name__
     'PyCapsule'
@@ -327,7 +326,7 @@ cdef XLA_FFI_Error* _execute(XLA_FFI_CallFrame* frame) noexcept:
     try:
         _dispatch(_key(&frame.attrs), _views(frame.args.size, frame.args.args, False),
                   _views(frame.rets.size, frame.rets.rets, True))
-    except BaseException as e:  # noqa: B036 - every error must reach XLA, or the step looks fine
+    except BaseException as e:  # every error must reach XLA, or the step would look fine
         return _raised(frame.api, e)
     return NULL
 
