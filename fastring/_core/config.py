@@ -56,6 +56,14 @@ SHM_ONE_STEP_BYTES = 256 * 1024
 # own large-message transfers and to the single-copy broadcast, at 16 MiB by 2-3x
 # (BENCHMARKS.md, issue 18). Their row counts always travel through it.
 SHM_COLLECTIVE_MAX_BYTES = 1 << 20
+# From this many bytes (an allreduce's message; the others' bytes per rank), where the ranks
+# may copy between their memories (Cross Memory Attach), the collectives through the segment
+# copy straight between the ranks' buffers instead: one copy instead of two, and two barriers
+# a call instead of one or two a round. The ranks claim SHM_SINGLE_COPY_CHUNK_BYTES at a
+# time, so a rank that is preempted holds back one chunk while the others take the rest; a
+# chunk stays in L2 while it is reduced and passed on.
+SHM_SINGLE_COPY_BYTES = 1 << 20
+SHM_SINGLE_COPY_CHUNK_BYTES = 256 * 1024
 # A wait on the segment spins on loads this long (a peer in step arrives within microseconds),
 # then yields its core between loads until its spin time (WAIT_*_SPIN_SECONDS below) is up: on
 # a loaded machine the peer may be queued behind this very core, and a round barrier that

@@ -90,7 +90,7 @@ def allgather_rows(rt, src: np.ndarray, counts: np.ndarray, out: np.ndarray) -> 
 def _through_segment(rt, nbytes: int) -> bool:
     """Whether a collective's data of `nbytes` moves through the shared segment (the same
     answer on every rank: the sizes are agreed)."""
-    return rt.shm is not None and nbytes <= SHM_COLLECTIVE_MAX_BYTES
+    return rt.shm is not None and (nbytes <= SHM_COLLECTIVE_MAX_BYTES or rt.transport.single_copy)
 
 
 def allgather_bytes(rt, data: bytes) -> list[bytes]:
