@@ -51,8 +51,8 @@ from .broadcast cimport vm_copy
 from .cycle cimport HASH, HEADER_WORDS, PAYLOAD_BYTES, block_bytes, combine_blocks
 from .mpi cimport Link, TransportBase, back_off, now, reduce_fn_t
 
-from .._core.config import (SHM_HOT_SPIN_SECONDS, SHM_SINGLE_COPY_BYTES, SHM_SINGLE_COPY_CHUNK_BYTES,
-                            WAIT_CYCLE_SPIN_SECONDS)
+from .._core.config import (SHM_ALLREDUCE_SINGLE_COPY_BYTES, SHM_HOT_SPIN_SECONDS, SHM_SINGLE_COPY_BYTES,
+                            SHM_SINGLE_COPY_CHUNK_BYTES, WAIT_CYCLE_SPIN_SECONDS)
 from .._core.errors import FastringError
 
 import os
@@ -101,7 +101,6 @@ DEF SUB_BYTES = 32768   # the reduction's unit: a piece copied and reduced while
 
 cdef double _CYCLE_SPIN = WAIT_CYCLE_SPIN_SECONDS
 cdef double _HOT_SPIN = SHM_HOT_SPIN_SECONDS
-cdef int64_t _SINGLE_COPY_BYTES = SHM_SINGLE_COPY_BYTES
 
 
 cdef inline int64_t _align(int64_t n, int64_t to) noexcept nogil:
@@ -126,6 +125,9 @@ cdef class SharedSegment:
     cdef uint64_t data_rounds, cycles
     cdef uint64_t claimed      # where the claim counter stands when every rank is between calls
     cdef int64_t chunk         # bytes per claimed chunk of a single-copy call
+    # Where single copy starts (SHM_SINGLE_COPY_BYTES, SHM_ALLREDUCE_SINGLE_COPY_BYTES); tests
+    # lower them, on every rank alike, to run small messages that way.
+    cdef public int64_t single_copy_bytes, allreduce_single_copy_bytes
     cdef char* scratch         # two chunks of private memory: an accumulator and a landing place
     # More ranks than this process may run on cores: a spinning wait yields its core at once.
     # Otherwise only after SHM_HOT_SPIN_SECONDS: a yield may hand the core to any other
@@ -166,9 +168,9 @@ cdef class SharedSegment:
         s.table_off = (n + 1) * LINE
         s.table_stride = _align((2 * n + 1) * 8, LINE)
         s.cycle_off = _align(s.table_off + n * s.table_stride, PAGE)
-        s.chunk = _align(int(os.environ.get("DEV_SC_CHUNK", SHM_SINGLE_COPY_CHUNK_BYTES)), PAGE)  # DEVHACK
-        global _SINGLE_COPY_BYTES
-        _SINGLE_COPY_BYTES = int(os.environ.get("DEV_SC_BYTES", SHM_SINGLE_COPY_BYTES))  # DEVHACK
+        s.chunk = _align(SHM_SINGLE_COPY_CHUNK_BYTES, PAGE)
+        s.single_copy_bytes = SHM_SINGLE_COPY_BYTES
+        s.allreduce_single_copy_bytes = SHM_ALLREDUCE_SINGLE_COPY_BYTES
         s.scratch = <char*> aligned_alloc(PAGE, 2 * s.chunk)
         if s.scratch == NULL:
             raise MemoryError()
@@ -296,9 +298,9 @@ cdef class SharedSegment:
     cdef inline uint64_t* _table(self, int r) noexcept nogil:
         return <uint64_t*> (self.base + self.table_off + r * self.table_stride)
 
-    cdef inline bint _single_copy(self, int64_t nbytes) noexcept nogil:
+    cdef inline bint _single_copy(self, int64_t nbytes, int64_t threshold) noexcept nogil:
         """Whether a call moving `nbytes` (the same on every rank) goes by single copy."""
-        return self.transport.pids != NULL and nbytes >= _SINGLE_COPY_BYTES
+        return self.transport.pids != NULL and nbytes >= threshold
 
     cdef inline uint64_t _chunks(self, uint64_t count) noexcept nogil:
         """Reserve the next `count` claim indices for this call; returns the first."""
@@ -386,41 +388,6 @@ cdef class SharedSegment:
                 r += 1
         return self._finish(err)
 
-    cdef int _single_copy_reduce_scatter(self, char* src, const int64_t* offsets, char* dst,
-                                         reduce_fn_t reduce, int64_t itemsize) except -1 nogil:
-        """Whoever claims a chunk of rank j's part reduces it over every rank, in rank
-        order, and writes it into rank j's `dst`."""
-        cdef int n = self.size, me = self.rank, j = 0, err = 0
-        cdef const pid_t* pids = self.transport.pids
-        cdef int64_t per = self.chunk // itemsize * itemsize, at, k, part
-        cdef uint64_t first, end, c, total = 0, part_first
-        cdef char* acc
-        for j in range(n):
-            total += (offsets[j + 1] - offsets[j] + per - 1) // per
-        self._table(me)[1] = <uint64_t> src
-        self._table(me)[1 + n] = <uint64_t> dst
-        self._data_arrive()
-        first = self._chunks(total)
-        end = self.claimed
-        j, part_first = 0, first
-        while not err:
-            c = self._claim(end)
-            if c >= end:
-                break
-            while True:  # the part of chunk c: claims only grow, so the search goes forward
-                part = offsets[j + 1] - offsets[j]
-                if c < part_first + <uint64_t> ((part + per - 1) // per):
-                    break
-                part_first += (part + per - 1) // per
-                j += 1
-            at = (c - part_first) * per
-            k = min(per, part - at)
-            acc = dst + at if j == me else self.scratch
-            err = self._gather_reduce(acc, src, offsets[j] + at, k, reduce, itemsize)
-            if not err and j != me:
-                err = vm_copy(True, pids[j], acc, self._table(j)[1 + n] + at, k)
-        return self._finish(err)
-
     cdef int _single_copy_moves(self, const int64_t* lengths, bint per_source) except -1 nogil:
         """Every rank j's bytes for every other rank k, lengths[j * n + k] of them (or
         lengths[j] for every k when `per_source`), from j's SEND[k] to k's RECV[j], which
@@ -476,7 +443,7 @@ cdef class SharedSegment:
 
         `one_step` (the message must fit in one buffer): every rank copies its input into its
         buffer, and after one barrier reduces all of them, in rank order, into `dst`: the
-        same bits everywhere, one synchronisation. From SHM_SINGLE_COPY_BYTES, where the
+        same bits everywhere, one synchronisation. From SHM_ALLREDUCE_SINGLE_COPY_BYTES, where the
         ranks may copy between their memories, by single copy (the module docstring).
         Otherwise, in rounds of up to a buffer:
         every rank copies the parts of its input that the others reduce into its buffer,
@@ -496,7 +463,7 @@ cdef class SharedSegment:
             with nogil:
                 if one_step:
                     self._one_step(<char*> src, <char*> dst, nbytes, <reduce_fn_t> reduce_fn, itemsize)
-                elif self._single_copy(nbytes):
+                elif self._single_copy(nbytes, self.allreduce_single_copy_bytes):
                     err = self._single_copy_allreduce(<char*> src, <char*> dst, nbytes,
                                                       <reduce_fn_t> reduce_fn, itemsize)
                 else:
@@ -584,7 +551,7 @@ cdef class SharedSegment:
         cdef int err = 0
         try:
             with nogil:
-                if self._single_copy(total):
+                if self._single_copy(total, self.single_copy_bytes):
                     if counts[me] and <char*> dst + displs[me] != <char*> src:
                         memcpy(<char*> dst + displs[me], <char*> src, counts[me])
                     for r in range(n):
@@ -642,7 +609,7 @@ cdef class SharedSegment:
                     total += counts[r, j]
         try:
             with nogil:
-                if self._single_copy(total // n):
+                if self._single_copy(total // n, self.single_copy_bytes):
                     if counts[me, me]:
                         memcpy(<char*> dst + rdispls[me], <char*> src + sdispls[me], counts[me, me])
                     for r in range(n):
@@ -691,10 +658,9 @@ cdef class SharedSegment:
                        uintptr_t reduce_fn, int64_t itemsize):
         """Rank r receives at `dst` the reduction of every rank's bytes
         src[offsets[r]:offsets[r + 1]] (offsets in bytes, multiples of `itemsize`; `src` is
-        left as it is). From SHM_SINGLE_COPY_BYTES of input, where the ranks may copy between
-        their memories, by single copy (the module docstring); otherwise in rounds: each rank
-        copies a piece of every other rank's part into its buffer, side by side, and after one
-        barrier reduces its own part's pieces, in rank order, straight into `dst`."""
+        left as it is). In rounds: each rank copies a piece of every other rank's part into
+        its buffer, side by side, and after one barrier reduces its own part's pieces, in rank
+        order, straight into `dst`."""
         self._check()
         cdef int n = self.size, r
         if offsets.shape[0] != n + 1:
@@ -704,20 +670,13 @@ cdef class SharedSegment:
             if offsets[r + 1] < offsets[r] or (offsets[r + 1] - offsets[r]) % itemsize:
                 raise ValueError(f"part {r} ({offsets[r]}..{offsets[r + 1]}) is not a whole number of items")
             most = max(most, offsets[r + 1] - offsets[r])
-        cdef int err = 0
         try:
             with nogil:
-                if self._single_copy(offsets[n]):
-                    err = self._single_copy_reduce_scatter(<char*> src, &offsets[0], <char*> dst,
-                                                           <reduce_fn_t> reduce_fn, itemsize)
-                else:
-                    self._reduce_scatter(<char*> src, &offsets[0], <char*> dst, <reduce_fn_t> reduce_fn,
-                                         itemsize, most, width)
+                self._reduce_scatter(<char*> src, &offsets[0], <char*> dst, <reduce_fn_t> reduce_fn,
+                                     itemsize, most, width)
         except BaseException:
             self._failed()
             raise
-        if err:
-            self._raise_copy_error(err)
 
     cdef int _reduce_scatter(self, char* src, const int64_t* offsets, char* dst, reduce_fn_t reduce,
                              int64_t itemsize, int64_t most, int64_t width) except -1 nogil:
