@@ -57,16 +57,19 @@ SHM_ONE_STEP_BYTES = 256 * 1024
 # 2-3x (BENCHMARKS.md, issue 18); allgather, broadcast and alltoall go by single copy through
 # the segment instead where they may (SHM_SINGLE_COPY_BYTES), reducescatter takes the ring. Their row counts always travel through it.
 SHM_COLLECTIVE_MAX_BYTES = 1 << 20
-# Where the ranks may copy between their memories (Cross Memory Attach), allgather, broadcast
-# and alltoall from SHM_SINGLE_COPY_BYTES (per rank), and allreduce from
+# Where the ranks may copy between their memories (Cross Memory Attach), allgather and
+# alltoall from SHM_SINGLE_COPY_BYTES moved between the ranks, and allreduce from
 # SHM_ALLREDUCE_SINGLE_COPY_BYTES, copy straight between the ranks' buffers instead of through
 # the segment's: one copy instead of two, and two barriers a call instead of one or two a
 # round. The ranks claim SHM_SINGLE_COPY_CHUNK_BYTES at a time, so a rank that is preempted
 # holds back one chunk while the others take the rest. A copy between processes costs several
-# times a memcpy per byte on this kind of VM, so the allreduce switches only where the rounds'
-# barriers cost more: from 16 MiB (four rounds and more) it was the faster, at 4-8 MiB the
-# slower (BENCHMARKS.md, issue 18, round 2, session 3).
-SHM_SINGLE_COPY_BYTES = 1 << 20
+# times a memcpy per byte on this kind of VM, so they switch only where the rounds' barriers
+# cost more: up to one buffer (SHM_TILE_BYTES: one round) the segment's buffers were faster,
+# and the allreduce switches at four rounds: there it was the faster, at 4-8 MiB the slower
+# (BENCHMARKS.md, issue 18, round 2, session 3). Broadcasts above one buffer take the
+# single-copy broadcast (BROADCAST_SINGLE_COPY_BYTES), which splits the bytes between the root
+# and the readers by their measured speeds and beat claimed chunks.
+SHM_SINGLE_COPY_BYTES = SHM_TILE_BYTES
 SHM_ALLREDUCE_SINGLE_COPY_BYTES = 16 << 20
 SHM_SINGLE_COPY_CHUNK_BYTES = 1 << 20
 # A wait on the segment spins on loads this long (a peer in step arrives within microseconds),

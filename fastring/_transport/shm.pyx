@@ -591,7 +591,7 @@ cdef class SharedSegment:
                   uintptr_t dst, const int64_t[::1] rdispls):
         """Rank r sends counts[r, j] bytes to rank j (every rank passes the whole matrix):
         this rank's to j from src + sdispls[j], and it receives rank r's at dst + rdispls[r].
-        From SHM_SINGLE_COPY_BYTES per rank (on average), where the ranks may copy between
+        From SHM_SINGLE_COPY_BYTES between ranks in all, where the ranks may copy between
         their memories, by single copy (the module docstring); otherwise in rounds: each
         rank's buffer holds one piece for every destination, side by side."""
         self._check()
@@ -609,7 +609,7 @@ cdef class SharedSegment:
                     total += counts[r, j]
         try:
             with nogil:
-                if self._single_copy(total // n, self.single_copy_bytes):
+                if self._single_copy(total, self.single_copy_bytes):
                     if counts[me, me]:
                         memcpy(<char*> dst + rdispls[me], <char*> src + sdispls[me], counts[me, me])
                     for r in range(n):

@@ -25,7 +25,7 @@ import numpy as np
 
 import _common as c
 import fastring
-from fastring._core.config import SHM_ONE_STEP_BYTES, SHM_SINGLE_COPY_BYTES, SHM_SINGLE_COPY_CHUNK_BYTES, SHM_TILE_BYTES
+from fastring._core.config import SHM_ONE_STEP_BYTES, SHM_SINGLE_COPY_CHUNK_BYTES, SHM_TILE_BYTES
 from fastring._core.runtime import runtime
 from fastring._transport import array_address
 from fastring import kernels
@@ -141,18 +141,29 @@ sum_f64 = kernels.reduce_cfunc(KERNEL_OP[fastring.Sum], np.dtype(np.float64))
 sum_f32 = kernels.reduce_cfunc(KERNEL_OP[fastring.Sum], np.dtype(np.float32))
 # Every dtype and op, one step (above the cycle's 64 KiB) and by single copy (the threshold
 # lowered to 1 MiB: more than one chunk, the last one uneven, claimed by whichever rank is free).
-shm.allreduce_single_copy_bytes = 1 << 20
+shm.allreduce_single_copy_bytes = shm.single_copy_bytes = 1 << 20
 dtypes_and_ops(c.DTYPES, lambda dt: (SHM_ONE_STEP_BYTES // dt.itemsize - 1,
                                      2 * SHM_SINGLE_COPY_CHUNK_BYTES // dt.itemsize + N + 1), "single copy")
-collectives_loops("single copy", SHM_SINGLE_COPY_BYTES)
+collectives_loops("single copy", 1 << 20)
+# and through the API: allgather of uneven row counts, alltoall with splits
+rows = [c.rank_input(np.dtype(np.int64), (40_000 + 1000 * r, 4), r, 50) for r in range(N)]
+got = fastring.allgather(rows[R], name="ag single copy")
+c.check_close("allgather single copy", got, np.concatenate(rows), 0)
+splits = [100_000 + 100 * j + 10 * R for j in range(N)]
+data = c.rank_input(np.dtype(np.int32), (sum(splits), 3), R, 60)
+got, received = fastring.alltoall(data, splits=splits, name="a2a single copy")
+every = [c.rank_input(np.dtype(np.int32), (sum(100_000 + 100 * j + 10 * r for j in range(N)), 3), r, 60) for r in range(N)]
+starts = [np.cumsum([0] + [100_000 + 100 * j + 10 * r for j in range(N)]) for r in range(N)]
+c.check_close("alltoall single copy", got, np.concatenate([every[r][starts[r][R]:starts[r][R + 1]] for r in range(N)]), 0)
+c.check_close("alltoall single copy splits", received, np.array([100_000 + 100 * R + 10 * r for r in range(N)]), 0)
 
 # A single copy that fails: the last rank publishes an address nothing is mapped at (page 1),
 # and sends nothing to itself, so only the copies of its bytes fail, whichever rank makes them.
-matrix = np.full((N, N), SHM_SINGLE_COPY_BYTES, np.int64)
+matrix = np.full((N, N), shm.single_copy_bytes, np.int64)
 matrix[N - 1, N - 1] = 0
-displs = np.arange(N, dtype=np.int64) * SHM_SINGLE_COPY_BYTES
-send = np.ones(N * SHM_SINGLE_COPY_BYTES, np.uint8)
-received = np.zeros(N * SHM_SINGLE_COPY_BYTES, np.uint8)
+displs = np.arange(N, dtype=np.int64) * shm.single_copy_bytes
+send = np.ones(N * shm.single_copy_bytes, np.uint8)
+received = np.zeros(N * shm.single_copy_bytes, np.uint8)
 src_address = 4096 if R == N - 1 else array_address(send)
 c.expect_error("a failed single copy", lambda: shm.alltoallv(src_address, matrix, displs, array_address(received),
                                                              displs), fastring.FastringError, "Bad address", "off")
