@@ -16,7 +16,8 @@ minimum and the median of the ratios.
 
 usage: fastring-run -np 2 python scripts/bench_shm.py [--sizes 4K,64K,1M,16M,64M,256M] [--json f]
        python scripts/bench_shm.py --summarize run1.json run2.json ...   (a Markdown table of
-       the minimum and the median of each figure over the launches)
+       the minimum and the median of each figure over the launches, and the issue's target for
+       each, met or missed at the minimum)
 """
 from __future__ import annotations
 
@@ -140,17 +141,32 @@ def floor_row(comm, nbytes: int = 256 << 20) -> dict:
             "percent": 100 * busbw / (nbytes / (row["mpi_us"] * 1e-6))}
 
 
+# The issue's targets, each for the minimum over the launches: allreduce ratios by size (with
+# and without the caller's barrier), the others' ratios, and the busbw percentage.
+ALLREDUCE_TARGETS = {4 << 10: 1.0, 64 << 10: 1.2, 1 << 20: 1.5, 16 << 20: 2.0, 64 << 20: 3.0, 256 << 20: 3.0}
+OTHER_TARGETS = {"grouped_allreduce 100 x 40 KB": 3.0, "allgather": 1.5, "reducescatter": 1.5,
+                 "broadcast": 1.5, "alltoall": 1.5, "256 MiB busbw / copy-once floor": 60.0}
+
+
+def target_of(row: dict) -> float | None:
+    if row["what"] == "allreduce":
+        return ALLREDUCE_TARGETS.get(row["bytes"])
+    return OTHER_TARGETS.get(row["what"])
+
+
 def summarize(paths: list[str]) -> None:
     runs = [json.load(open(p)) for p in paths]
-    print(f"| figure | size | caller's barrier | min over {len(runs)} launches | median | every launch |")
-    print("|---|---:|---|---:|---:|---|")
+    print(f"| figure | size | caller's barrier | min over {len(runs)} launches | median | every launch | target |")
+    print("|---|---:|---|---:|---:|---|---|")
     for k, row in enumerate(runs[0]):
         key = "percent" if "percent" in row else "ratio"
         values = [r[k][key] for r in runs]
         unit = "%" if key == "percent" else ""
+        target = target_of(row)
+        verdict = "" if target is None else f"{target:g}{unit} ({'met' if min(values) >= target else 'missed'})"
         print(f"| {row['what']} | {format_bytes(row['bytes'])} | {'yes' if row['barrier'] else 'no'} | "
               f"{min(values):.2f}{unit} | {float(np.median(values)):.2f}{unit} | "
-              f"{', '.join(f'{v:.2f}' for v in values)} |")
+              f"{', '.join(f'{v:.2f}' for v in values)} | {verdict} |")
 
 
 def main() -> None:

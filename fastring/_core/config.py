@@ -50,12 +50,28 @@ BROADCAST_SINGLE_COPY_BYTES = SMALL_MESSAGE_BYTES
 # which beats two barriers and a split below that size (BENCHMARKS.md, issue 18).
 SHM_TILE_BYTES = 4 << 20
 SHM_ONE_STEP_BYTES = 256 * 1024
-# allgather, broadcast, alltoall and reducescatter move their data through the segment up to
-# this many bytes (the whole result of an allgather, the input otherwise): there the MPI
-# round trips it saves dominate. Above it the segment's two copies (in, out) lost to MPI's
-# own large-message transfers and to the single-copy broadcast, at 16 MiB by 2-3x
-# (BENCHMARKS.md, issue 18). Their row counts always travel through it.
+# allgather, broadcast, alltoall and reducescatter move their data through the segment's
+# buffers up to this many bytes (the whole result of an allgather, the input otherwise):
+# there the MPI round trips it saves dominate. Above it the segment's two copies (in, out)
+# lost to MPI's own large-message transfers and to the single-copy broadcast, at 16 MiB by
+# 2-3x (BENCHMARKS.md, issue 18); allgather, broadcast and alltoall go by single copy through
+# the segment instead where they may (SHM_SINGLE_COPY_BYTES), reducescatter takes the ring. Their row counts always travel through it.
 SHM_COLLECTIVE_MAX_BYTES = 1 << 20
+# Where the ranks may copy between their memories (Cross Memory Attach), allgather and
+# alltoall from SHM_SINGLE_COPY_BYTES moved between the ranks, and allreduce from
+# SHM_ALLREDUCE_SINGLE_COPY_BYTES, copy straight between the ranks' buffers instead of through
+# the segment's: one copy instead of two, and two barriers a call instead of one or two a
+# round. The ranks claim SHM_SINGLE_COPY_CHUNK_BYTES at a time, so a rank that is preempted
+# holds back one chunk while the others take the rest. A copy between processes costs several
+# times a memcpy per byte on this kind of VM, so they switch only where the rounds' barriers
+# cost more: up to one buffer (SHM_TILE_BYTES: one round) the segment's buffers were faster,
+# and the allreduce switches at four rounds: there it was the faster, at 4-8 MiB the slower
+# (BENCHMARKS.md, issue 18, round 2, session 3). Broadcasts above one buffer take the
+# single-copy broadcast (BROADCAST_SINGLE_COPY_BYTES), which splits the bytes between the root
+# and the readers by their measured speeds and beat claimed chunks.
+SHM_SINGLE_COPY_BYTES = SHM_TILE_BYTES
+SHM_ALLREDUCE_SINGLE_COPY_BYTES = 16 << 20
+SHM_SINGLE_COPY_CHUNK_BYTES = 1 << 20
 # A wait on the segment spins on loads this long (a peer in step arrives within microseconds),
 # then yields its core between loads until its spin time (WAIT_*_SPIN_SECONDS below) is up: on
 # a loaded machine the peer may be queued behind this very core, and a round barrier that

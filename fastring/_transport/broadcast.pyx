@@ -159,9 +159,9 @@ cdef object probe_single_copy(TransportBase t):
             sendrecv(&t.link, <char*> addrs, sizeof(addrs), left, <char*> right_addrs,
                      sizeof(right_addrs), right, Tag.SINGLE_COPY_PROBE)
             if t.size > 1 and local_size == t.size:
-                works = (_vm_copy(False, pids[right], <char*> &seen, right_addrs[0], 8) == 0
+                works = (vm_copy(False, pids[right], <char*> &seen, right_addrs[0], 8) == 0
                          and seen == _PROBE_MARK + <uint64_t> right
-                         and _vm_copy(True, pids[right], <char*> &mark, right_addrs[1], 8) == 0)
+                         and vm_copy(True, pids[right], <char*> &mark, right_addrs[1], 8) == 0)
             # Every write lands before anyone looks at its slot.
             check(mpi.MPI_Allreduce(&works, &everywhere, 1, mpi.MPI_INT, mpi.MPI_MIN, t.comm))
             works = everywhere and slot == _PROBE_MARK + <uint64_t> left
@@ -233,7 +233,7 @@ cdef inline int _bit_length(uint64_t n) noexcept nogil:
     return bits
 
 
-cdef int _vm_copy(bint write, pid_t pid, char* local, uint64_t remote, int64_t nbytes) noexcept nogil:
+cdef int vm_copy(bint write, pid_t pid, char* local, uint64_t remote, int64_t nbytes) noexcept nogil:
     """Copy nbytes between `local` and process pid's address `remote`; 0 or an errno."""
     cdef iovec here, there
     cdef ssize_t done
@@ -268,7 +268,7 @@ cdef uint64_t _single_copy_broadcast(const Link* link, int rank, int size, int r
         sendrecv(link, <char*> &mine, 8, root, <char*> offer, 16, root, tag)
         share = <int64_t> offer[1]
         began = now()
-        report[0] = _vm_copy(False, pids[root], buf + share, offer[0] + share, nbytes - share)
+        report[0] = vm_copy(False, pids[root], buf + share, offer[0] + share, nbytes - share)
         report[1] = <uint64_t> ((now() - began) * 1e9)
         sendrecv(link, <char*> report, 16, root, <char*> &failed, 8, root, tag)
         return failed
@@ -280,7 +280,7 @@ cdef uint64_t _single_copy_broadcast(const Link* link, int rank, int size, int r
     began = now()
     for j in range(size):
         if j != root and not failed:
-            failed = _vm_copy(True, pids[j], buf, addrs[j], share)
+            failed = vm_copy(True, pids[j], buf, addrs[j], share)
     wrote = now() - began
     for j in range(size):
         if j != root:

@@ -6,6 +6,8 @@ with loads and stores instead of MPI messages.
 Layout (every area on its own cache lines):
 
     [sequence word of rank 0 | ... of rank n-1]            one 128-byte line each
+    [claim counter]                                        one line
+    [address table of rank 0 | ... of rank n-1]            2n + 1 words each
     [cycle slot 0 and 1 of rank 0 | ... of rank n-1]       negotiation blocks
     [data buffer 0 and 1 of rank 0 | ... of rank n-1]      `tile` bytes each
 
@@ -18,6 +20,16 @@ rank has finished reading round k, and round k+2, which reuses round k's buffers
 it. Every rank runs the same sequence of rounds (the engine agrees on what runs), so the
 counters move in step.
 
+Large messages, where every rank may read and write the others' memory (Cross Memory
+Attach, `Transport.enable_single_copy`), do not bounce through the data buffers: each rank
+publishes in its address table where its input and its result are, and after one barrier the
+ranks split the message's chunks between them, claiming each from the shared claim counter:
+whoever claims a chunk reads it from the ranks that hold it and writes it (or, for a
+reduction, its reduction over every rank in rank order) into the ranks that need it, one
+copy each way. A second barrier ends the call, when no rank touches another's memory any
+more. Two barriers a call, however large: a rank that is preempted holds back at most the
+chunk it was working on, and the others take the rest of the work.
+
 The segment is created by rank 0 under a name unique to the launch and unlinked as soon as
 every rank has mapped it: nothing is left in /dev/shm after any exit, SIGKILL included (the
 kernel frees the memory at the last unmap). Waits spin, then yield, then sleep with a growing
@@ -28,16 +40,19 @@ call.
 """
 
 from libc.stdint cimport int64_t, uint64_t, uintptr_t
+from libc.stdlib cimport free
 from libc.string cimport memcpy
 from posix.fcntl cimport O_CREAT, O_EXCL, O_RDWR
 from posix.mman cimport MAP_SHARED, PROT_READ, PROT_WRITE, mmap, munmap, shm_open, shm_unlink
-from posix.types cimport off_t
+from posix.types cimport off_t, pid_t
 from posix.unistd cimport close
 
+from .broadcast cimport vm_copy
 from .cycle cimport HASH, HEADER_WORDS, PAYLOAD_BYTES, block_bytes, combine_blocks
 from .mpi cimport Link, TransportBase, back_off, now, reduce_fn_t
 
-from .._core.config import SHM_HOT_SPIN_SECONDS, WAIT_CYCLE_SPIN_SECONDS
+from .._core.config import (SHM_ALLREDUCE_SINGLE_COPY_BYTES, SHM_HOT_SPIN_SECONDS, SHM_SINGLE_COPY_BYTES,
+                            SHM_SINGLE_COPY_CHUNK_BYTES, WAIT_CYCLE_SPIN_SECONDS)
 from .._core.errors import FastringError
 
 import os
@@ -49,11 +64,23 @@ cdef extern from "<fcntl.h>" nogil:
 cdef extern from "<sched.h>" nogil:
     int sched_yield()
 
+cdef extern from "<stdlib.h>" nogil:
+    void* aligned_alloc(size_t alignment, size_t size)
+
 cdef extern from *:
     """
     #include <stdint.h>
     static inline uint64_t fr_load(const uint64_t* p) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
     static inline void fr_store(uint64_t* p, uint64_t v) { __atomic_store_n(p, v, __ATOMIC_RELEASE); }
+    /* The next index below `end` from the shared counter at p, or `end` when none is left:
+       a compare-and-swap, so that the counter stops at `end` and the next call starts there. */
+    static inline uint64_t fr_claim(uint64_t* p, uint64_t end) {
+        uint64_t v = __atomic_load_n(p, __ATOMIC_RELAXED);
+        while (v < end)
+            if (__atomic_compare_exchange_n(p, &v, v + 1, 0, __ATOMIC_ACQ_REL, __ATOMIC_RELAXED))
+                return v;
+        return end;
+    }
     static inline void fr_relax(void) {
     #if defined(__x86_64__) || defined(__i386__)
         __builtin_ia32_pause();
@@ -63,6 +90,7 @@ cdef extern from *:
     }
     """
     uint64_t fr_load(const uint64_t* p) nogil
+    uint64_t fr_claim(uint64_t* p, uint64_t end) nogil
     void fr_store(uint64_t* p, uint64_t v) nogil
     void fr_relax() nogil
 
@@ -91,10 +119,16 @@ cdef class SharedSegment:
 
     cdef char* base
     cdef int64_t length
-    cdef int64_t cycle_bytes, tile, cycle_off, data_off
+    cdef int64_t cycle_bytes, tile, cycle_off, data_off, table_off, table_stride
     cdef readonly int rank, size
     cdef uint64_t seq          # this rank's counter, mirrored in the segment
     cdef uint64_t data_rounds, cycles
+    cdef uint64_t claimed      # where the claim counter stands when every rank is between calls
+    cdef int64_t chunk         # bytes per claimed chunk of a single-copy call
+    # Where single copy starts (SHM_SINGLE_COPY_BYTES, SHM_ALLREDUCE_SINGLE_COPY_BYTES); tests
+    # lower them, on every rank alike, to run small messages that way.
+    cdef public int64_t single_copy_bytes, allreduce_single_copy_bytes
+    cdef char* scratch         # two chunks of private memory: an accumulator and a landing place
     # More ranks than this process may run on cores: a spinning wait yields its core at once.
     # Otherwise only after SHM_HOT_SPIN_SECONDS: a yield may hand the core to any other
     # runnable process for a whole slice, but a peer that has not arrived by then may be
@@ -106,6 +140,7 @@ cdef class SharedSegment:
     def __dealloc__(self):
         if self.base != NULL:
             munmap(self.base, self.length)
+        free(self.scratch)
 
     @staticmethod
     def attach(TransportBase transport not None, int64_t tile_bytes, int64_t cycle_bytes):
@@ -130,7 +165,15 @@ cdef class SharedSegment:
         s.oversubscribed = n > len(os.sched_getaffinity(0))
         s.tile = _align(tile_bytes, PAGE)
         s.cycle_bytes = _align(cycle_bytes, PAGE)
-        s.cycle_off = _align(n * LINE, PAGE)
+        s.table_off = (n + 1) * LINE
+        s.table_stride = _align((2 * n + 1) * 8, LINE)
+        s.cycle_off = _align(s.table_off + n * s.table_stride, PAGE)
+        s.chunk = _align(SHM_SINGLE_COPY_CHUNK_BYTES, PAGE)
+        s.single_copy_bytes = SHM_SINGLE_COPY_BYTES
+        s.allreduce_single_copy_bytes = SHM_ALLREDUCE_SINGLE_COPY_BYTES
+        s.scratch = <char*> aligned_alloc(PAGE, 2 * s.chunk)
+        if s.scratch == NULL:
+            raise MemoryError()
         s.data_off = s.cycle_off + 2 * n * s.cycle_bytes
         s.length = s.data_off + 2 * n * s.tile
         name = ""
@@ -247,6 +290,148 @@ cdef class SharedSegment:
         self.broken = FastringError("a collective through the segment failed part-way")
         return 0
 
+    # ------------------------------------------------------------------ single copy
+    # Address table words: [0] the errno of this rank's last single-copy call (0: none), then
+    # SEND[k] (1 + k): where this rank's bytes for rank k start, then RECV[j] (1 + n + j):
+    # where the bytes from rank j land in this rank's memory.
+
+    cdef inline uint64_t* _table(self, int r) noexcept nogil:
+        return <uint64_t*> (self.base + self.table_off + r * self.table_stride)
+
+    cdef inline bint _single_copy(self, int64_t nbytes, int64_t threshold) noexcept nogil:
+        """Whether a call moving `nbytes` (the same on every rank) goes by single copy."""
+        return self.transport.pids != NULL and nbytes >= threshold
+
+    cdef inline uint64_t _chunks(self, uint64_t count) noexcept nogil:
+        """Reserve the next `count` claim indices for this call; returns the first."""
+        cdef uint64_t first = self.claimed
+        self.claimed += count
+        return first
+
+    cdef inline uint64_t _claim(self, uint64_t end) noexcept nogil:
+        return fr_claim(<uint64_t*> (self.base + self.size * LINE), end)
+
+    cdef int _finish(self, int err) except -1 nogil:
+        """The closing barrier of a single-copy call: publishes this rank's errno (0: none)
+        and returns the first one any rank published, the same on every rank."""
+        cdef int r
+        self._table(self.rank)[0] = <uint64_t> err
+        self._data_arrive()
+        for r in range(self.size):
+            if self._table(r)[0] != 0:
+                return <int> self._table(r)[0]
+        return 0
+
+    cdef int _raise_copy_error(self, int err) except -1:
+        """Every rank alike, after `_finish` reported `err`: the data of this call is not to be
+        trusted, and single copy is off from now on (the segment stays in step)."""
+        self.transport.disable_single_copy()
+        raise FastringError(f"a copy between the ranks' memories failed ({os.strerror(err)}); "
+                            "the result is incomplete, and such copies are off from now on")
+
+    cdef int _gather_reduce(self, char* acc, char* src, int64_t at, int64_t nbytes, reduce_fn_t reduce,
+                            int64_t itemsize) noexcept nogil:
+        """acc = (rank 0's op rank 1's op ...) over the `nbytes` at byte `at` of every rank's
+        input (SEND[0]; this rank's is `src`); `acc` may be `src + at` on rank 0 only.
+        Returns 0 or an errno."""
+        cdef int n = self.size, me = self.rank, r, err = 0
+        cdef const pid_t* pids = self.transport.pids
+        cdef char* landing = self.scratch + self.chunk
+        if me == 0:
+            if acc != src + at:
+                memcpy(acc, src + at, nbytes)
+        else:
+            err = vm_copy(False, pids[0], acc, self._table(0)[1] + at, nbytes)
+        for r in range(1, n):
+            if err:
+                break
+            if r == me:
+                reduce(acc, src + at, nbytes // itemsize)
+            else:
+                err = vm_copy(False, pids[r], landing, self._table(r)[1] + at, nbytes)
+                if not err:
+                    reduce(acc, landing, nbytes // itemsize)
+        return err
+
+    cdef int _single_copy_allreduce(self, char* src, char* dst, int64_t nbytes, reduce_fn_t reduce,
+                                    int64_t itemsize) except -1 nogil:
+        """Whoever claims a chunk reduces it over every rank, in rank order, and writes the
+        result into every rank's `dst`: one reducer per chunk, so the same bits everywhere.
+        In place, a chunk of a rank's input is overwritten only by its own reducer, after it
+        read it."""
+        cdef int n = self.size, me = self.rank, r, err = 0
+        cdef const pid_t* pids = self.transport.pids
+        cdef int64_t per = self.chunk // itemsize * itemsize, at, k
+        cdef uint64_t first, end, c
+        cdef char* acc
+        self._table(me)[1] = <uint64_t> src
+        self._table(me)[1 + n] = <uint64_t> dst
+        self._data_arrive()
+        first = self._chunks((nbytes + per - 1) // per)
+        end = self.claimed
+        while not err:
+            c = self._claim(end)
+            if c >= end:
+                break
+            at = (c - first) * per
+            k = min(per, nbytes - at)
+            # rank 0 accumulates in its result; another rank must not overwrite its input in
+            # place before reducing it, so it accumulates in its scratch
+            acc = self.scratch if src == dst and me != 0 else dst + at
+            err = self._gather_reduce(acc, src, at, k, reduce, itemsize)
+            if not err and acc != dst + at:
+                memcpy(dst + at, acc, k)
+            r = 0
+            while not err and r < n:
+                if r != me:
+                    err = vm_copy(True, pids[r], acc, self._table(r)[1 + n] + at, k)
+                r += 1
+        return self._finish(err)
+
+    cdef int _single_copy_moves(self, const int64_t* lengths, bint per_source) except -1 nogil:
+        """Every rank j's bytes for every other rank k, lengths[j * n + k] of them (or
+        lengths[j] for every k when `per_source`), from j's SEND[k] to k's RECV[j], which
+        every rank has published. Whoever claims a chunk copies it: from its own memory into
+        k's, from j's into its own, or (neither j nor k) through its scratch."""
+        cdef int n = self.size, me = self.rank, j, k, err = 0
+        cdef const pid_t* pids = self.transport.pids
+        cdef int64_t per = self.chunk, at, piece, length
+        cdef uint64_t first, end, c, total = 0, pair_first
+        cdef uint64_t source, target
+        cdef int64_t p = 0
+        for p in range(n * n):
+            j, k = p // n, p % n
+            if j != k:
+                total += (lengths[j if per_source else p] + per - 1) // per
+        self._data_arrive()
+        first = self._chunks(total)
+        end = self.claimed
+        p, pair_first = 0, first
+        while not err:
+            c = self._claim(end)
+            if c >= end:
+                break
+            while True:  # the pair (j, k) of chunk c, searching forward
+                j, k = p // n, p % n
+                length = 0 if j == k else lengths[j if per_source else p]
+                if c < pair_first + <uint64_t> ((length + per - 1) // per):
+                    break
+                pair_first += (length + per - 1) // per
+                p += 1
+            at = (c - pair_first) * per
+            piece = min(per, length - at)
+            source = self._table(j)[1 + k] + at
+            target = self._table(k)[1 + n + j] + at
+            if me == j:
+                err = vm_copy(True, pids[k], <char*> source, target, piece)
+            elif me == k:
+                err = vm_copy(False, pids[j], <char*> target, source, piece)
+            else:
+                err = vm_copy(False, pids[j], self.scratch, source, piece)
+                if not err:
+                    err = vm_copy(True, pids[k], self.scratch, target, piece)
+        return self._finish(err)
+
     # ------------------------------------------------------------------ collectives
     # Each runs whole without the GIL (a training thread holding it for milliseconds must not
     # stall every round); only a slow wait's stall hook takes it.
@@ -258,7 +443,9 @@ cdef class SharedSegment:
 
         `one_step` (the message must fit in one buffer): every rank copies its input into its
         buffer, and after one barrier reduces all of them, in rank order, into `dst`: the
-        same bits everywhere, one synchronisation. Otherwise, in rounds of up to a buffer:
+        same bits everywhere, one synchronisation. From SHM_ALLREDUCE_SINGLE_COPY_BYTES, where the
+        ranks may copy between their memories, by single copy (the module docstring).
+        Otherwise, in rounds of up to a buffer:
         every rank copies the parts of its input that the others reduce into its buffer,
         reduces its own part (its input and every peer's copy of that part, piece by piece
         while it is in L1) into its buffer and `dst`, and after a second barrier copies the
@@ -271,15 +458,21 @@ cdef class SharedSegment:
             raise ValueError(f"a one-step allreduce must fit in {self.tile} bytes, got {nbytes}")
         if nbytes == 0:
             return
+        cdef int err = 0
         try:
             with nogil:
                 if one_step:
                     self._one_step(<char*> src, <char*> dst, nbytes, <reduce_fn_t> reduce_fn, itemsize)
+                elif self._single_copy(nbytes, self.allreduce_single_copy_bytes):
+                    err = self._single_copy_allreduce(<char*> src, <char*> dst, nbytes,
+                                                      <reduce_fn_t> reduce_fn, itemsize)
                 else:
                     self._rounds(<char*> src, <char*> dst, nbytes, <reduce_fn_t> reduce_fn, itemsize)
         except BaseException:
             self._failed()
             raise
+        if err:
+            self._raise_copy_error(err)
 
     cdef int _one_step(self, char* src, char* dst, int64_t nbytes, reduce_fn_t reduce,
                        int64_t itemsize) except -1 nogil:
@@ -340,24 +533,38 @@ cdef class SharedSegment:
                 const int64_t[::1] displs):
         """Every rank r contributes counts[r] bytes (this rank's at `src`), and every rank
         receives rank r's at dst + displs[r]: an allgather, or with one nonzero count a
-        broadcast (the root's `src` may be its `dst`: it copies nothing to itself). In rounds
-        of up to a buffer: each rank copies its piece into its buffer, and after one barrier
+        broadcast (the root's `src` may be its `dst`: it copies nothing to itself). `displs`
+        is the same on every rank. From SHM_SINGLE_COPY_BYTES in all, where the ranks may copy
+        between their memories, by single copy (the module docstring); otherwise in rounds of
+        up to a buffer: each rank copies its piece into its buffer, and after one barrier
         every rank copies every other rank's piece out."""
         self._check()
         cdef int n = self.size, me = self.rank, r
         if counts.shape[0] != n or displs.shape[0] != n:
             raise ValueError(f"counts and displs need {n} entries, got {counts.shape[0]} and {displs.shape[0]}")
-        cdef int64_t most = 0
+        cdef int64_t most = 0, total = 0
         for r in range(n):
             if counts[r] < 0:
                 raise ValueError(f"counts[{r}] is negative: {counts[r]}")
             most = max(most, counts[r])
+            total += counts[r]
+        cdef int err = 0
         try:
             with nogil:
-                self._gatherv(<char*> src, <char*> dst, &counts[0], &displs[0], most)
+                if self._single_copy(total, self.single_copy_bytes):
+                    if counts[me] and <char*> dst + displs[me] != <char*> src:
+                        memcpy(<char*> dst + displs[me], <char*> src, counts[me])
+                    for r in range(n):
+                        self._table(me)[1 + r] = src
+                        self._table(me)[1 + n + r] = dst + displs[r]
+                    err = self._single_copy_moves(&counts[0], True)
+                else:
+                    self._gatherv(<char*> src, <char*> dst, &counts[0], &displs[0], most)
         except BaseException:
             self._failed()
             raise
+        if err:
+            self._raise_copy_error(err)
 
     cdef int _gatherv(self, char* src, char* dst, const int64_t* counts, const int64_t* displs,
                       int64_t most) except -1 nogil:
@@ -384,24 +591,38 @@ cdef class SharedSegment:
                   uintptr_t dst, const int64_t[::1] rdispls):
         """Rank r sends counts[r, j] bytes to rank j (every rank passes the whole matrix):
         this rank's to j from src + sdispls[j], and it receives rank r's at dst + rdispls[r].
-        In rounds: each rank's buffer holds one piece for every destination, side by side."""
+        From SHM_SINGLE_COPY_BYTES between ranks in all, where the ranks may copy between
+        their memories, by single copy (the module docstring); otherwise in rounds: each
+        rank's buffer holds one piece for every destination, side by side."""
         self._check()
         cdef int n = self.size, r, j
         if counts.shape[0] != n or counts.shape[1] != n or sdispls.shape[0] != n or rdispls.shape[0] != n:
             raise ValueError(f"alltoallv needs a {n} x {n} counts matrix and {n} displacements each")
-        cdef int64_t most = 0, width = self._width(1)
+        cdef int64_t most = 0, total = 0, width = self._width(1)
+        cdef int me = self.rank, err = 0
         for r in range(n):
             for j in range(n):
                 if counts[r, j] < 0:
                     raise ValueError(f"counts[{r}, {j}] is negative: {counts[r, j]}")
                 if r != j:
                     most = max(most, counts[r, j])
+                    total += counts[r, j]
         try:
             with nogil:
-                self._alltoallv(<char*> src, &counts[0, 0], &sdispls[0], <char*> dst, &rdispls[0], most, width)
+                if self._single_copy(total, self.single_copy_bytes):
+                    if counts[me, me]:
+                        memcpy(<char*> dst + rdispls[me], <char*> src + sdispls[me], counts[me, me])
+                    for r in range(n):
+                        self._table(me)[1 + r] = src + sdispls[r]
+                        self._table(me)[1 + n + r] = dst + rdispls[r]
+                    err = self._single_copy_moves(&counts[0, 0], False)
+                else:
+                    self._alltoallv(<char*> src, &counts[0, 0], &sdispls[0], <char*> dst, &rdispls[0], most, width)
         except BaseException:
             self._failed()
             raise
+        if err:
+            self._raise_copy_error(err)
 
     cdef int64_t _width(self, int64_t itemsize) except -1:
         """Bytes of one rank's piece when a buffer holds a piece for every rank."""

@@ -12,6 +12,12 @@ has agreed that every rank runs them.
 - reducescatter: a ring reduce-scatter that receives partial results straight into scratch
   and reduces this rank's input into them, so the input is neither copied nor modified and
   the last step lands in the result.
+
+When every rank runs on this host with the shared segment mapped (`rt.shm`), the data of all
+four go through it up to SHM_COLLECTIVE_MAX_BYTES; where the ranks may copy between their
+memories, allgather and alltoall at every size (from SHM_SINGLE_COPY_BYTES the segment copies
+straight between the ranks' buffers: fastring/_transport/shm.pyx), broadcast below
+SHM_SINGLE_COPY_BYTES (the single-copy broadcast above).
 """
 from __future__ import annotations
 
@@ -26,7 +32,7 @@ import numpy as np
 from .. import kernels
 from .._core import pool as _pool
 from .._core.config import (BROADCAST_CHAIN_BYTES, BROADCAST_SEGMENT_BYTES, BROADCAST_SINGLE_COPY_BYTES,
-                            SHM_COLLECTIVE_MAX_BYTES)
+                            SHM_COLLECTIVE_MAX_BYTES, SHM_SINGLE_COPY_BYTES)
 from .._core.dtypes import spec_of
 from .._core.ops import KERNEL_OP, ReduceOp
 from .._core.work import AllreduceWork, finalizer, predivides, prescale, split_for_average, unpack
@@ -87,10 +93,12 @@ def allgather_rows(rt, src: np.ndarray, counts: np.ndarray, out: np.ndarray) -> 
         rt.transport.ring_allgather(array_address(out), offsets, own=own)
 
 
-def _through_segment(rt, nbytes: int) -> bool:
+def _through_segment(rt, nbytes: int, single_copy: bool = True) -> bool:
     """Whether a collective's data of `nbytes` moves through the shared segment (the same
-    answer on every rank: the sizes are agreed)."""
-    return rt.shm is not None and nbytes <= SHM_COLLECTIVE_MAX_BYTES
+    answer on every rank: the sizes are agreed): through its buffers up to
+    SHM_COLLECTIVE_MAX_BYTES, and at any size where the segment's calls copy straight between
+    the ranks' memories, for the collectives that do (`single_copy`)."""
+    return rt.shm is not None and (nbytes <= SHM_COLLECTIVE_MAX_BYTES or (single_copy and rt.transport.single_copy))
 
 
 def allgather_bytes(rt, data: bytes) -> list[bytes]:
@@ -113,15 +121,17 @@ def allgather_bytes(rt, data: bytes) -> list[bytes]:
 
 
 class SharedMemoryBroadcast:
-    """Every rank on one host with the shared segment mapped, up to SHM_COLLECTIVE_MAX_BYTES:
-    the root copies the bytes into its buffer of the segment and every other rank copies them
-    out, in rounds of a buffer."""
+    """Every rank on one host with the shared segment mapped, up to SHM_COLLECTIVE_MAX_BYTES,
+    or below SHM_SINGLE_COPY_BYTES where the ranks may copy between their memories (larger
+    ones take the single-copy broadcast): the root copies the bytes into its buffer of the
+    segment and every other rank copies them out, in rounds of a buffer."""
 
     name = "shm"
 
     @staticmethod
     def accepts(m: Message) -> bool:
-        return _through_segment(m.rt, m.nbytes)
+        return (_through_segment(m.rt, m.nbytes, single_copy=False)
+                or (m.rt.shm is not None and m.rt.transport.single_copy and m.nbytes < SHM_SINGLE_COPY_BYTES))
 
     @staticmethod
     def run(rt, buf: np.ndarray, root: int) -> None:
@@ -225,7 +235,7 @@ def reduce_scatter_rows(rt, arr: np.ndarray, work: AllreduceWork, counts: np.nda
         prescale(work, src.reshape(-1), rt.size)
     elif not is_c_contiguous(arr):
         src = np.ascontiguousarray(arr)
-    if offsets[-1] and _through_segment(rt, int(offsets[-1])):
+    if offsets[-1] and _through_segment(rt, int(offsets[-1]), single_copy=False):
         rt.shm.reduce_scatter(array_address(src), offsets, array_address(out),
                               kernels.reduce_cfunc(KERNEL_OP[op], spec.dtype), itemsize)
     elif offsets[-1]:

@@ -2,10 +2,13 @@
 usage: shm.py check | kill | raise | quick
 
 check: the segment is mapped and already unlinked; every dtype x op through it, one step and
-    in rounds (uneven splits, a round with empty parts), Average and the postscale in rounds,
-    out= into another array with the input left alone, fusion of async requests, grouped
-    allreduce, compression, the negotiation cycle through it; then FASTRING_SHM=0 falls back
-    (and says why at debug level) and a second init maps a fresh segment.
+    large (by single copy: chunks claimed by whichever rank is free, uneven last chunk),
+    Average and the postscale, out= into another array with the input left alone, fusion of
+    async requests, grouped allreduce, compression, the negotiation cycle through it; the
+    other collectives' loops by single copy; a single copy that fails (a rank publishes an
+    address that is not mapped) raises on every rank and turns single copy off, after which
+    the same large calls go in rounds through the segment's buffers; then FASTRING_SHM=0 falls
+    back (and says why at debug level) and a second init maps a fresh segment.
 kill: rank V (the last) SIGKILLs itself while the ranks loop over 16 MiB allreduces.
 raise: rank V raises instead of calling the allreduce the others call.
 quick: one allreduce through the segment, checked.
@@ -22,7 +25,7 @@ import numpy as np
 
 import _common as c
 import fastring
-from fastring._core.config import SHM_ONE_STEP_BYTES, SHM_TILE_BYTES
+from fastring._core.config import SHM_ONE_STEP_BYTES, SHM_SINGLE_COPY_CHUNK_BYTES, SHM_TILE_BYTES
 from fastring._core.runtime import runtime
 from fastring._transport import array_address
 from fastring import kernels
@@ -73,59 +76,110 @@ rt = runtime()
 c.CHECKS.check(rt.shm is not None, f"the shared-memory path is off: {log.getvalue()}")
 c.CHECKS.check(not leftovers(), f"the segment is still linked in /dev/shm: {leftovers()}")
 c.CHECKS.check(rt.engine._neg._cycle_exchange == rt.shm.cycle_exchange, "the cycle does not run through the segment")
+c.CHECKS.check(rt.transport.single_copy, "single copy is off on one host")
 
-# Every dtype and op, one step (above the cycle's 64 KiB) and in rounds whose last split is
-# uneven (a buffer's worth and N + 1 elements more).
-for dt in c.DTYPES:
-    one_step = SHM_ONE_STEP_BYTES // dt.itemsize - 1
-    rounds = SHM_TILE_BYTES // dt.itemsize + N + 1
-    for op in OPS:
-        if dt == np.bool_ and op == fastring.Average:
-            continue
-        for length in (one_step, rounds):
-            name = f"{dt} {op.name} n={length}"
-            inputs = [c.rank_input(dt, length, r, length + int(op)) for r in range(N)]
-            expected, bound = c.reference(inputs, op, N)
-            x = inputs[R].copy()
-            got = fastring.allreduce(x, op=op, name=name)
-            c.check_close(name + " input", x, inputs[R], 0)
-            c.check_close(name, got, expected, bound)
-            c.check_identical(name, got)
-            fastring.allreduce(x, op=op, name=name, out=x)  # in place
-            c.check_close(name + " in place", x, expected, bound)
 
-# The transport itself: rounds with parts of one element and empty parts (count < N).
+def dtypes_and_ops(dtypes, lengths, tag):
+    for dt in dtypes:
+        for op in OPS:
+            if dt == np.bool_ and op == fastring.Average:
+                continue
+            for length in lengths(dt):
+                name = f"{tag} {dt} {op.name} n={length}"
+                inputs = [c.rank_input(dt, length, r, length + int(op)) for r in range(N)]
+                expected, bound = c.reference(inputs, op, N)
+                x = inputs[R].copy()
+                got = fastring.allreduce(x, op=op, name=name)
+                c.check_close(name + " input", x, inputs[R], 0)
+                c.check_close(name, got, expected, bound)
+                c.check_identical(name, got)
+                fastring.allreduce(x, op=op, name=name, out=x)  # in place
+                c.check_close(name + " in place", x, expected, bound)
+                c.check_identical(name + " in place", x)
+
+
+def collectives_loops(tag, large):
+    """The other collectives' loops called directly, `large` bytes and more per rank:
+    allgather of uneven blocks, a broadcast, alltoall of uneven pieces (and one rank sending
+    nothing to another), reduce-scatter of uneven parts of data that rounds."""
+    counts = np.array([large + 100 + 8 * r for r in range(N)], np.int64)
+    displs = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
+    mine = np.full(counts[R], R + 1, np.uint8)
+    gathered = np.zeros(int(counts.sum()), np.uint8)
+    shm.gatherv(array_address(mine), array_address(gathered), counts, displs)
+    c.check_close(f"gatherv {tag}", gathered, np.repeat(np.arange(1, N + 1, dtype=np.uint8), counts), 0)
+    # a broadcast: one nonzero count, the root's input is its output
+    root = N - 1
+    data = np.arange(large + 77, dtype=np.uint32) * 7 + 3 if R == root else np.zeros(large + 77, np.uint32)
+    only = np.zeros(N, np.int64)
+    only[root] = data.nbytes
+    shm.gatherv(array_address(data), array_address(data), only, np.zeros(N, np.int64))
+    c.check_close(f"gatherv as broadcast {tag}", data, np.arange(large + 77, dtype=np.uint32) * 7 + 3, 0)
+    matrix = np.array([[large // N + 64 * r + j for j in range(N)] for r in range(N)], np.int64)
+    matrix[0, N - 1] = 0
+    send = np.concatenate([np.full(matrix[R, j], 10 * R + j, np.uint8) for j in range(N)])
+    sdispls = np.concatenate([[0], np.cumsum(matrix[R])[:-1]]).astype(np.int64)
+    rdispls = np.concatenate([[0], np.cumsum(matrix[:, R])[:-1]]).astype(np.int64)
+    received = np.zeros(int(matrix[:, R].sum()), np.uint8)
+    shm.alltoallv(array_address(send), matrix, sdispls, array_address(received), rdispls)
+    c.check_close(f"alltoallv {tag}", received,
+                  np.concatenate([np.full(matrix[r, R], 10 * r + R, np.uint8) for r in range(N)]), 0)
+    parts = np.array([large // 4 + r for r in range(N)], np.int64)  # float32 items per rank
+    offsets = np.concatenate([[0], np.cumsum(parts)]).astype(np.int64) * 4
+    inputs = [c.rank_input(np.dtype(np.float32), int(parts.sum()), r, 40) for r in range(N)]
+    values = inputs[R].copy()
+    part = np.zeros(int(parts[R]), np.float32)
+    shm.reduce_scatter(array_address(values), offsets, array_address(part), sum_f32, 4)
+    expected, bound = c.reference(inputs, fastring.Sum, N)
+    lo, hi = offsets[R] // 4, offsets[R + 1] // 4
+    c.check_close(f"reduce_scatter {tag}", part, expected[lo:hi], bound[lo:hi] if np.ndim(bound) else bound)
+    c.check_close(f"reduce_scatter {tag} input", values, inputs[R], 0)
+
+
 shm = rt.shm
 sum_f64 = kernels.reduce_cfunc(KERNEL_OP[fastring.Sum], np.dtype(np.float64))
+sum_f32 = kernels.reduce_cfunc(KERNEL_OP[fastring.Sum], np.dtype(np.float32))
+# Every dtype and op, one step (above the cycle's 64 KiB) and by single copy (the threshold
+# lowered to 1 MiB: more than one chunk, the last one uneven, claimed by whichever rank is free).
+shm.allreduce_single_copy_bytes = shm.single_copy_bytes = 1 << 20
+dtypes_and_ops(c.DTYPES, lambda dt: (SHM_ONE_STEP_BYTES // dt.itemsize - 1,
+                                     2 * SHM_SINGLE_COPY_CHUNK_BYTES // dt.itemsize + N + 1), "single copy")
+collectives_loops("single copy", 1 << 20)
+# and through the API: allgather of uneven row counts, alltoall with splits
+rows = [c.rank_input(np.dtype(np.int64), (40_000 + 1000 * r, 4), r, 50) for r in range(N)]
+got = fastring.allgather(rows[R], name="ag single copy")
+c.check_close("allgather single copy", got, np.concatenate(rows), 0)
+splits = [100_000 + 100 * j + 10 * R for j in range(N)]
+data = c.rank_input(np.dtype(np.int32), (sum(splits), 3), R, 60)
+got, received = fastring.alltoall(data, splits=splits, name="a2a single copy")
+every = [c.rank_input(np.dtype(np.int32), (sum(100_000 + 100 * j + 10 * r for j in range(N)), 3), r, 60) for r in range(N)]
+starts = [np.cumsum([0] + [100_000 + 100 * j + 10 * r for j in range(N)]) for r in range(N)]
+c.check_close("alltoall single copy", got, np.concatenate([every[r][starts[r][R]:starts[r][R + 1]] for r in range(N)]), 0)
+c.check_close("alltoall single copy splits", received, np.array([100_000 + 100 * R + 10 * r for r in range(N)]), 0)
+
+# A single copy that fails: the last rank publishes an address nothing is mapped at (page 1),
+# and sends nothing to itself, so only the copies of its bytes fail, whichever rank makes them.
+matrix = np.full((N, N), shm.single_copy_bytes, np.int64)
+matrix[N - 1, N - 1] = 0
+displs = np.arange(N, dtype=np.int64) * shm.single_copy_bytes
+send = np.ones(N * shm.single_copy_bytes, np.uint8)
+received = np.zeros(N * shm.single_copy_bytes, np.uint8)
+src_address = 4096 if R == N - 1 else array_address(send)
+c.expect_error("a failed single copy", lambda: shm.alltoallv(src_address, matrix, displs, array_address(received),
+                                                             displs), fastring.FastringError, "Bad address", "off")
+c.CHECKS.check(not rt.transport.single_copy, "single copy is still on after a copy failed")
+
+# Without single copy the same calls go in rounds through the segment's buffers: a buffer's
+# worth and N + 1 elements more; the transport itself with parts of one element and empty
+# parts (count < N).
+dtypes_and_ops([np.dtype(np.int32), np.dtype(np.float16), np.dtype(np.float64)],
+               lambda dt: (SHM_TILE_BYTES // dt.itemsize + N + 1,), "rounds")
+collectives_loops("rounds", shm.tile_bytes)
 for count in (1, N - 1, N, 2 * N + 1):
     a = np.arange(count, dtype=np.float64) + R
     out = np.full(count, -1.0)
     shm.allreduce(array_address(a), array_address(out), a.nbytes, sum_f64, 8, False)
     c.check_close(f"transport rounds n={count}", out, N * np.arange(count) + N * (N - 1) / 2, 0)
-# The other collectives' loops in several rounds (the API sends only small ones through the
-# segment): allgather of uneven blocks, alltoall of uneven pieces, reduce-scatter of uneven parts.
-tile = shm.tile_bytes
-counts = np.array([tile + 100 + 8 * r for r in range(N)], np.int64)
-displs = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
-mine = np.full(counts[R], R + 1, np.uint8)
-gathered = np.zeros(int(counts.sum()), np.uint8)
-shm.gatherv(array_address(mine), array_address(gathered), counts, displs)
-c.check_close("gatherv rounds", gathered, np.repeat(np.arange(1, N + 1, dtype=np.uint8), counts), 0)
-matrix = np.array([[tile // N + 64 * r + j for j in range(N)] for r in range(N)], np.int64)
-send = np.concatenate([np.full(matrix[R, j], 10 * R + j, np.uint8) for j in range(N)])
-sdispls = np.concatenate([[0], np.cumsum(matrix[R])[:-1]]).astype(np.int64)
-rdispls = np.concatenate([[0], np.cumsum(matrix[:, R])[:-1]]).astype(np.int64)
-received = np.zeros(int(matrix[:, R].sum()), np.uint8)
-shm.alltoallv(array_address(send), matrix, sdispls, array_address(received), rdispls)
-c.check_close("alltoallv rounds", received,
-              np.concatenate([np.full(matrix[r, R], 10 * r + R, np.uint8) for r in range(N)]), 0)
-parts = np.array([tile // 8 + r for r in range(N)], np.int64)  # float64 items per rank
-offsets = np.concatenate([[0], np.cumsum(parts)]).astype(np.int64) * 8
-values = np.arange(int(parts.sum()), dtype=np.float64) * (R + 1)
-part = np.zeros(int(parts[R]), np.float64)
-shm.reduce_scatter(array_address(values), offsets, array_address(part), sum_f64, 8)
-c.check_close("reduce_scatter rounds", part,
-              np.arange(offsets[R] // 8, offsets[R + 1] // 8, dtype=np.float64) * (N * (N + 1) / 2), 0)
 
 for bad in ((12, 8, True), (SHM_TILE_BYTES + 8, 8, True)):
     try:
