@@ -15,6 +15,14 @@ the same weights; they run in alternating rounds (fastring, DDP, fastring, ...) 
 so drift in the machine's load affects both alike. A step's time is the slowest rank's; the
 table gives its median and quartiles over all timed steps, and "local" is the same step with
 no communication at all (what the gradient exchange costs is the difference).
+
+--floors adds what the communication alone costs on the same gradient buffers (after the
+steps, medians of --steps repetitions, the slowest rank's): fastring's allreduce of every
+gradient in place (one per parameter, started together as the optimizer's hooks do, then
+waited for), gloo's allreduce of the same, and the copy-once floor (every rank copies its
+gradients once, all at the same time). With one core per rank, backward and the reduction
+share that core, so the local step plus the allreduce alone is about as fast as a step can
+be; "floor step" prints that sum.
 gloo is initialised with env:// on MASTER_ADDR=127.0.0.1 and a free port chosen by rank 0;
 rank and world size come from MPI.
 """
@@ -78,6 +86,41 @@ def timed_steps(model, optimizer, data, target, steps: int, comm) -> list[float]
     return [max(per_rank) for per_rank in zip(*comm.allgather(times))]
 
 
+def floors(model, steps: int, comm) -> dict[str, float]:
+    """Milliseconds (median over `steps`, slowest rank) of the gradient exchange alone on
+    `model`'s gradients: fastring, gloo, and every rank copying its gradients once."""
+    grads = [p.grad for p in model.parameters()]
+    copies = [torch.empty_like(g) for g in grads]
+    names = [f"floor.{i}" for i in range(len(grads))]
+
+    def fastring_alone():
+        handles = [hvd.allreduce_async_(g, name=n, op=hvd.Average) for g, n in zip(reversed(grads), reversed(names))]
+        for h in handles:
+            hvd.synchronize(h)
+
+    def gloo_alone():
+        works = [dist.all_reduce(g, async_op=True) for g in reversed(grads)]
+        for w in works:
+            w.wait()
+
+    def copy_once():
+        for c, g in zip(copies, grads):
+            c.copy_(g)
+
+    result = {}
+    for what, fn in (("fastring allreduce alone", fastring_alone), ("gloo allreduce alone", gloo_alone),
+                     ("copy once (floor)", copy_once)):
+        fn()
+        times = []
+        for _ in range(steps):
+            comm.Barrier()
+            start = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - start)
+        result[what] = 1e3 * statistics.median(max(t) for t in zip(*comm.allgather(times)))
+    return result
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--steps", type=int, default=200, help="timed steps per method per round")
@@ -86,6 +129,7 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=64, help="per rank")
     parser.add_argument("--json", help="also write the results to this file (rank 0)")
     parser.add_argument("--wide", action="store_true", help="the ~25M-parameter MLP instead of the example's Net")
+    parser.add_argument("--floors", action="store_true", help="also time the gradient exchange alone")
     args = parser.parse_args()
 
     comm = MPI.COMM_WORLD
@@ -114,6 +158,8 @@ def main() -> None:
         for m in methods:
             times[m] += timed_steps(*built[m], data, target, args.steps, comm)
 
+    alone = floors(built["local"][0], args.steps, comm) if args.floors else {}
+
     if comm.rank == 0:
         rows = {}
         for m in methods:
@@ -132,9 +178,15 @@ def main() -> None:
             r = rows[m]
             print(f"{labels[m]:<34} {r['median_ms']:>15.3f} {r['q1_ms']:>8.3f} {r['q3_ms']:>8.3f} "
                   f"{r['median_ms'] / rows['ddp']['median_ms']:>8.3f}")
+        for what, ms in alone.items():
+            print(f"{what:<34} {ms:>15.3f}")
+        if alone:
+            print(f"{'floor step: local + fastring alone':<34} "
+                  f"{rows['local']['median_ms'] + alone['fastring allreduce alone']:>15.3f}")
         if args.json:
             with open(args.json, "w") as f:
-                json.dump({"np": comm.size, "batch_size": args.batch_size, "results": rows}, f, indent=2)
+                json.dump({"np": comm.size, "batch_size": args.batch_size, "results": rows, "alone_ms": alone},
+                          f, indent=2)
     dist.destroy_process_group()
 
 

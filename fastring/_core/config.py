@@ -80,6 +80,12 @@ SHM_HOT_SPIN_SECONDS = 50e-6
 # A negotiation cycle's slot in the segment: the header, the bit vectors of a full response
 # cache (16,384 entries: 4 KiB) and SMALL_MESSAGE_BYTES of payload.
 SHM_CYCLE_BYTES = 80 * 1024
+# A tensor of at least this many bytes is never fused: it is reduced alone, where it lies. Its
+# copies into the fusion buffer and back cost more than a call of its own (at np=2 on one
+# host the gradients of a 24M-parameter MLP took 58-62 ms fused, 30 ms each alone;
+# BENCHMARKS.md, issue 18 round 2 session 3), and at this size a call's fixed cost is a few
+# percent of its time on every path.
+FUSION_MAX_TENSOR_BYTES = 1 << 20
 # Bytes per pipelined segment of the device ring: large enough that a copy costs far more than
 # its launch, small enough that the copies of one segment hide behind the exchange of the next.
 DEVICE_SEGMENT_BYTES = 1 << 20

@@ -33,6 +33,19 @@ class TensorAdapter:
 
 
 _ADAPTERS: dict[str, TensorAdapter] = {}
+# tensor type -> its adapter (None: none registered); looked up on every call of the hot paths
+_BY_TYPE: dict[type, TensorAdapter | None] = {}
+
+
+def _adapter(tensor) -> TensorAdapter | None:
+    kind = type(tensor)
+    try:
+        return _BY_TYPE[kind]
+    except KeyError:
+        found = _ADAPTERS.get(_module_of(tensor))
+        if len(_BY_TYPE) < 256:  # types made at run time must not pile up
+            _BY_TYPE[kind] = found
+        return found
 
 
 def register_adapter(module: str, adapter: TensorAdapter) -> None:
@@ -47,6 +60,7 @@ def register_adapter(module: str, adapter: TensorAdapter) -> None:
         array([1., 1.])
     """
     _ADAPTERS[module] = adapter
+    _BY_TYPE.clear()
 
 
 def as_array(tensor, what: str = "tensor") -> np.ndarray:
@@ -60,7 +74,7 @@ def as_array(tensor, what: str = "tensor") -> np.ndarray:
         return tensor
     if isinstance(tensor, np.generic):  # a NumPy scalar is a 0-d array
         return np.asarray(tensor)
-    adapter = _ADAPTERS.get(_module_of(tensor))
+    adapter = _adapter(tensor)
     if adapter is not None:
         return adapter.to_array(tensor, what)
     if hasattr(tensor, "__dlpack__"):
@@ -78,19 +92,19 @@ def as_array(tensor, what: str = "tensor") -> np.ndarray:
 
 
 def _torch_as_array(tensor, what: str) -> np.ndarray:
-    import torch
-
     if not tensor.is_cpu:
         raise NotImplementedError(f"{what} is on device {tensor.device}: of the collectives, only "
                                   "allreduce and grouped_allreduce take device tensors so far")
     t = tensor.detach() if tensor.requires_grad else tensor
     # Tensor.numpy() shares the memory as DLPack would, at a fifth of the cost per call. numpy
-    # knows no bfloat16: move the bits as int16 and relabel them.
+    # knows no bfloat16 (numpy() refuses it): move the bits as int16 and relabel them.
     try:
-        if t.dtype == torch.bfloat16:
-            return t.view(torch.int16).numpy().view(BFLOAT16)
         return t.numpy()
     except (TypeError, RuntimeError) as e:
+        import torch
+
+        if t.dtype == torch.bfloat16:
+            return t.view(torch.int16).numpy().view(BFLOAT16)
         raise TypeError(f"{what} of torch dtype {t.dtype} cannot be read as an array: {e}") from None
 
 
@@ -103,12 +117,11 @@ def like(template, array: np.ndarray):
     """
     if isinstance(template, np.ndarray):
         return array
-    module = _module_of(template)
-    adapter = _ADAPTERS.get(module)
+    adapter = _adapter(template)
     if adapter is not None:
         return adapter.like(template, array)
     if hasattr(template, "__dlpack__"):
-        fw = sys.modules.get(module)
+        fw = sys.modules.get(_module_of(template))
         from_dlpack = getattr(fw, "from_dlpack", None) or getattr(getattr(fw, "numpy", None), "from_dlpack", None)
         if from_dlpack is not None:
             return from_dlpack(array)

@@ -12,7 +12,8 @@ with the GIL released. Layers, each a Cython module that cimports only those lis
 """
 from .._core.errors import FastringError
 from .alltoall import pairwise_alltoall
-from .arrays import array_address, copy_from_array, copy_to_array, is_c_contiguous, is_writable_c_contiguous
+from .arrays import (array_address, copy_from_array, copy_to_array, is_c_contiguous, is_writable_c_contiguous,
+                     scatter_to_arrays)
 from .broadcast import chain_broadcast, single_copy_broadcast, tree_broadcast
 from .cycle import CYCLE_HEADER_WORDS, SPECULATION_FAILED
 from .mpi import exit_unless_gone_within
@@ -25,4 +26,4 @@ from .transport import Transport
 __all__ = ["CYCLE_HEADER_WORDS", "SPECULATION_FAILED", "FastringError", "Requests", "SharedSegment", "Tag", "Transport", "array_address",
            "chain_broadcast", "copy_from_array", "copy_to_array", "exit_unless_gone_within", "is_c_contiguous",
            "is_writable_c_contiguous", "pairwise_alltoall", "ring_reduce_scatter_into",
-           "ring_reduce_scatter_to", "single_copy_broadcast", "tree_broadcast"]
+           "ring_reduce_scatter_to", "scatter_to_arrays", "single_copy_broadcast", "tree_broadcast"]

@@ -45,3 +45,27 @@ def copy_to_array(cnp.ndarray array not None, uintptr_t src):
     if not (cnp.PyArray_IS_C_CONTIGUOUS(array) and cnp.PyArray_ISWRITEABLE(array)):
         raise ValueError("copy_to_array needs a C-contiguous, writeable array")
     memcpy(cnp.PyArray_DATA(array), <void*> src, cnp.PyArray_NBYTES(array))
+
+
+def scatter_to_arrays(cnp.ndarray flat not None, list arrays not None):
+    """Copy `flat`'s bytes, one after another, into `arrays` (each filled whole: the unpacking
+    of a fused buffer in one call). Returns False, having copied nothing, unless `flat` and
+    every array are C-contiguous, every array writeable, and `flat` holds at least their
+    bytes together."""
+    cdef Py_ssize_t total = 0
+    cdef cnp.ndarray a
+    if not cnp.PyArray_IS_C_CONTIGUOUS(flat):
+        return False
+    for item in arrays:
+        a = <cnp.ndarray?> item
+        if not (cnp.PyArray_IS_C_CONTIGUOUS(a) and cnp.PyArray_ISWRITEABLE(a)):
+            return False
+        total += cnp.PyArray_NBYTES(a)
+    if total > cnp.PyArray_NBYTES(flat):
+        return False
+    cdef char* src = <char*> cnp.PyArray_DATA(flat)
+    for item in arrays:
+        a = <cnp.ndarray> item
+        memcpy(cnp.PyArray_DATA(a), src, cnp.PyArray_NBYTES(a))
+        src += cnp.PyArray_NBYTES(a)
+    return True

@@ -64,8 +64,10 @@ class Engine:
         self._noname: dict = {}  # kind (main thread) or (thread name, kind) -> next number
         self._keep_cycling = False   # some rank still had work after the last cycle
         self._speculate = True
+        self._first_report = stall_interval(self.config, 0.0)  # a new request's first inspection
         self._broken: BaseException | None = None
         self._thread: threading.Thread | None = None
+        self._asleep = False  # the background thread waits (or is about to) for work
         self._running = True
         self._neg = Negotiation(rt.transport, StallReporter(self.config.stall_check_time,
                                                             self.config.stall_shutdown_time),
@@ -112,14 +114,17 @@ class Engine:
             raise FastringError(f"fastring cannot run collectives after: {self._broken}")
         request.signature_hash = self._neg.signature_hash(request.name, request.fields)
         request.submitted = time.monotonic()
-        request.next_report = request.submitted + stall_interval(self.config, 0.0)
+        request.next_report = request.submitted + self._first_report
         with self._queue_lock:
             if request.name in self._pending:
                 raise ValueError(f"a collective named '{request.name}' is already in flight; "
                                  "wait for it before submitting the name again")
             self._pending[request.name] = request
         self.timeline.begin(request.name, "queued")
-        if background:
+        # Wake the background thread only if it waits (a burst of submissions costs one
+        # wake-up, not one each): it raises _asleep before it looks at the queue, so one that
+        # did not see this request yet will.
+        if background and (self._asleep or self._thread is None):
             self._start_background()
         return request.handle
 
@@ -280,14 +285,19 @@ class Engine:
             self._thread = threading.Thread(target=self._background, name="fastring-engine", daemon=True)
             self._thread.start()
         with self._wake:
+            self._asleep = False  # woken: later submissions need not wake it again
             self._wake.notify()
 
     def _background(self) -> None:
         cycle_s = self.config.cycle_time_ms / 1000.0
         while True:
             with self._wake:
-                while self._running and not (self._pending or self._keep_cycling):
+                while True:
+                    self._asleep = True  # before looking: see submit
+                    if not (self._running and not (self._pending or self._keep_cycling)):
+                        break
                     self._wake.wait()
+                self._asleep = False
                 if not self._running:
                     return
             # Let a burst of asynchronous submissions gather so that they fuse.

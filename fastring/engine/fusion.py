@@ -8,9 +8,10 @@ from typing import Callable
 import numpy as np
 
 from .. import algorithms, kernels
+from .._core.config import FUSION_MAX_TENSOR_BYTES
 from .._core.residuals import Residuals
 from .._core.work import AllreduceWork, finalizer, nothing, pack, predivides, prescale, unpack
-from .._transport import is_c_contiguous
+from .._transport import is_c_contiguous, scatter_to_arrays
 from .request import Request
 
 Complete = Callable[..., None]  # complete(request, result=None, error=None)
@@ -58,11 +59,16 @@ class Executor:
         batch: list[Request] = []
         batch_bytes = 0
         for r in reqs + [None]:
-            if r is None or (batch and batch_bytes + r.nbytes > threshold):
+            # A large tensor is reduced alone, where it lies: copying it into the fusion buffer
+            # and back costs more than the call it would share (decided alike on every rank).
+            alone = r is not None and r.nbytes >= FUSION_MAX_TENSOR_BYTES
+            if r is None or alone or (batch and batch_bytes + r.nbytes > threshold):
                 if batch:
                     self._reduce_batch(batch)
                 batch, batch_bytes = [], 0
-            if r is not None:
+            if alone:
+                self._reduce_batch([r])
+            elif r is not None:
                 batch.append(r)
                 batch_bytes += r.nbytes
 
@@ -115,6 +121,15 @@ class Executor:
                     self._feed_back_error(r, flat[offset:offset + n])
                     offset += n
         self.reduce(algorithm, names, flat, work)
+        if plain and not self.timeline.recording and scatter_to_arrays(
+                flat, [r.allreduce.entries[0].work for r in batch]):
+            # the plain batch unpacks in one call too: a copy per tensor costs a microsecond
+            for r in batch:
+                e = r.allreduce.entries[0]
+                if e.target is not e.work:
+                    np.copyto(e.target, e.work)
+                self.complete(r, [e.result] if r.allreduce.grouped else e.result)
+            return
         offset = 0
         for r, n in zip(batch, counts):
             self.unpack_and_finish(r, flat[offset:offset + n])

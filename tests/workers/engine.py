@@ -9,6 +9,7 @@ import numpy as np
 
 import _common as c
 import fastring
+from fastring._core.config import FUSION_MAX_TENSOR_BYTES
 from fastring._core.runtime import runtime
 
 fastring.init()
@@ -131,6 +132,27 @@ c.check_close("mix c", h_c.wait(), np.full(5, N - 1), 0)
 g = fastring.grouped_allreduce([np.ones(3), np.full((2, 2), 2.0)], op=fastring.Sum, name="group")
 c.check_close("group 0", g[0], np.full(3, N), 0)
 c.check_close("group 1", g[1], np.full((2, 2), 2.0 * N), 0)
+# a large tensor is reduced alone, where it lies, never copied into the fusion buffer; the
+# small ones around it fuse, in place or into a strided out= (unpacked in one call)
+sizes = []
+engine._executor._reduce_batch = lambda batch: (sizes.append([r.nbytes for r in batch]), original(batch))[1]
+big = FUSION_MAX_TENSOR_BYTES // 4
+ins = [np.full(10, 1.0, np.float32), np.full(7, R + 1.0, np.float32), np.full(big, 2.0, np.float32),
+       np.full(10, 3.0, np.float32), np.full(big + 1, R + 1.0, np.float32)]
+strided = np.zeros(14, np.float32)
+outs = [ins[0], strided[::2], ins[2], ins[3], ins[4]]
+c.COMM.Barrier()
+hs = [fastring.allreduce_async(x, op=fastring.Sum, name=f"alone{i}", out=o) for i, (x, o) in enumerate(zip(ins, outs))]
+got = [h.wait() for h in hs]
+for i, want in enumerate((N, N * (N + 1) / 2, 2.0 * N, 3.0 * N, N * (N + 1) / 2)):
+    c.check_close(f"alone {i}", got[i], np.full(outs[i].shape, want, np.float32), 0)
+    c.CHECKS.check(got[i] is outs[i], f"alone {i}: the result is not the out= array")
+c.check_close("alone strided gaps", strided[1::2], np.zeros(7, np.float32), 0)
+for batch in sizes:
+    c.CHECKS.check(len(batch) == 1 or max(batch) < FUSION_MAX_TENSOR_BYTES,
+                   f"a tensor of {FUSION_MAX_TENSOR_BYTES} bytes or more was fused: {batch}")
+c.CHECKS.check(sorted(b[0] for b in sizes if b[0] >= FUSION_MAX_TENSOR_BYTES) == [ins[2].nbytes, ins[4].nbytes],
+               f"the large tensors did not run as batches of their own: {sizes}")
 engine._executor._reduce_batch = original
 
 # --- timeline
