@@ -4,12 +4,13 @@ Each link is latency + bytes x per-byte cost (alpha + beta B). With N ranks, H h
 ranks each (placed host by host) and a buffer of B bytes:
   flat ring     2 (N - 1) steps of B / N bytes, each crossing a host link when H > 1:
                 T = 2 (N - 1) (alpha_x + beta_x B / N)
-  hierarchical  host reduce-scatter and allgather, 2 (L - 1) steps of B / L through memory,
-                and L cross-host rings at once, 2 (H - 1) steps, whose chunks of B / (L H)
-                share the host link, B / H per step in all:
+  hierarchical  host reduce-scatter and allgather through the host's shared segment, which
+                costs what the segment's allreduce of B bytes over L ranks costs, written
+                like a ring's for the fit, and L cross-host rings at once, 2 (H - 1) steps,
+                whose chunks of B / (L H) share the host link, B / H per step in all:
                 T = 2 (L - 1) (alpha_h + beta_h B / L) + 2 (H - 1) (alpha_x + beta_x B / H)
-alpha_h, beta_h are fitted on one host (2 ranks), alpha_x, beta_x across 2 simulated hosts of
-one rank at the measured link rate. At another rate R the wire's share of beta_x, 8 / R s/B,
+alpha_h, beta_h are fitted on one host (2 ranks, fastring.allreduce through the segment, 1 MiB
+and up), alpha_x, beta_x across 2 simulated hosts of one rank at the measured link rate. At another rate R the wire's share of beta_x, 8 / R s/B,
 changes and the rest (the CPU's and TCP's per-byte cost) stays.
 
 Every point of 1 MiB and up with several hosts, other than the 2 x 1 fit, checks the model;
@@ -114,7 +115,9 @@ def main() -> int:
     rows, rate = load(args.directories, stat)
     # the algorithms themselves, run on the same Reduction (scripts/multihost_bench.py)
     fastring_rows = [r for r in rows if r["mode"] in ("flat_ring", "hierarchical")]
-    host = fit_link([r for r in fastring_rows if r["hosts"] == 1], stat)
+    # the host's shared segment: fastring.allreduce on one host takes it from 1 MiB up
+    host = fit_link([r for r in rows if r["hosts"] == 1 and r["mode"] == "fastring" and r["algorithm"] == "shm"],
+                    stat)
     cross = fit_link([r for r in fastring_rows if r["hosts"] == 2 and r["ranks"] == 2], stat)
     model = Model(host, cross, rate)
     print(f"host link:  alpha {model.alpha_h * 1e6:.1f} us, beta {model.beta_h * 1e9:.3f} ns/B "
