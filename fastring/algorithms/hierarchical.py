@@ -24,12 +24,15 @@ over L connections, with no hop inside a host going through the network stack.
 """
 from __future__ import annotations
 
+import queue
+import threading
 import weakref
 
 import numpy as np
 
 from .. import kernels
-from .._core.config import BROADCAST_CHAIN_BYTES, BROADCAST_SEGMENT_BYTES, SMALL_MESSAGE_BYTES
+from .._core.config import (BROADCAST_CHAIN_BYTES, BROADCAST_SEGMENT_BYTES, HIERARCHY_SLICE_BYTES,
+                            SMALL_MESSAGE_BYTES)
 from .._core.ops import KERNEL_OP
 from .._transport import array_address, chain_broadcast, ring_reduce_scatter_to, tree_broadcast
 from .allreduce import CompressedRing, Ring
@@ -65,7 +68,7 @@ class Hosts:
     runtime ranks of its local ranks in local-rank order. Ranks need not be placed host by
     host."""
 
-    __slots__ = ("local", "cross", "ranks", "in_order")
+    __slots__ = ("local", "cross", "ranks", "in_order", "_helper")
 
     def __init__(self, rt):
         (host, host_ranks), (cross, _) = rt.hierarchy
@@ -76,6 +79,44 @@ class Hosts:
         # between the j's: a walk over the hosts that every local rank takes alike goes by
         # each host's lowest rank (its local rank 0) instead.
         self.in_order = sorted(range(len(self.ranks)), key=lambda c: self.ranks[c][0])
+        self._helper = None
+
+    def helper(self) -> "Helper":
+        """The thread that runs the host segment's work beside this one (started once)."""
+        if self._helper is None:
+            self._helper = Helper()
+        return self._helper
+
+    def abandon_helper(self) -> None:
+        self._helper = None
+
+
+class Helper:
+    """A daemon thread that runs one job at a time beside the caller: the host segment's
+    work while the caller's thread drives the ring across hosts (both release the GIL). A
+    daemon, so that a job left waiting for a peer that failed never holds up the exit."""
+
+    def __init__(self):
+        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self._done: queue.SimpleQueue = queue.SimpleQueue()
+        threading.Thread(target=self._loop, name="fastring-host-segment", daemon=True).start()
+
+    def _loop(self) -> None:
+        while True:
+            job = self._jobs.get()
+            try:
+                job()
+                self._done.put(None)
+            except BaseException as e:  # handed to the caller, whose collective fails with it
+                self._done.put(e)
+
+    def start(self, job) -> None:
+        self._jobs.put(job)
+
+    def wait(self) -> None:
+        error = self._done.get()
+        if error is not None:
+            raise error
 
 
 _hosts: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -129,34 +170,83 @@ class Hierarchical:
         itemsize = dtype.itemsize
         offsets = chunk_offsets(flat.size, local.size, itemsize)
         reduce_fn = kernels.reduce_cfunc(KERNEL_OP[r.op], dtype)
-        lo, hi = offsets[local.rank], offsets[local.rank + 1]
         seg = _segment(rt)
         if seg is not None:
-            # This rank's chunk is reduced into a buffer of its own (the segment's
-            # reduce-scatter may not write where it reads), carried across hosts there, and
-            # copied from there into every local rank's result.
-            part = local.part(hi - lo)[:hi - lo].view(dtype)
-            with r.phase("host reduce-scatter"):
-                seg.reduce_scatter(array_address(flat if src is None else src), offsets, array_address(part),
-                                   reduce_fn, itemsize)
-        else:
-            segment = ring_segment(local, itemsize)
-            with r.phase("host reduce-scatter"):
-                if src is not None:
-                    ring_reduce_scatter_to(local.transport, array_address(src), offsets, array_address(flat),
-                                           segment, reduce_fn, itemsize)
-                else:
-                    tmp = rt.scratch(2 * segment)
-                    local.transport.ring_reduce_scatter(array_address(flat), offsets, array_address(tmp), segment,
-                                                        reduce_fn, itemsize)
-            part = flat[lo // itemsize:hi // itemsize]
-        cut = Reduction(part, r.spec, r.op, r.finalize, r.phase, wire=r.wire, scale=r.scale)
-        (Ring if r.wire is None else CompressedRing).run(cross, cut)
-        with r.phase("host allgather"):
-            if seg is not None:
-                seg.gatherv(array_address(part), array_address(flat), np.diff(offsets), offsets[:-1])
+            _through_segment(rt, r, seg, dtype, reduce_fn)
+            return
+        segment = ring_segment(local, itemsize)
+        with r.phase("host reduce-scatter"):
+            if src is not None:
+                ring_reduce_scatter_to(local.transport, array_address(src), offsets, array_address(flat),
+                                       segment, reduce_fn, itemsize)
             else:
-                local.transport.ring_allgather(array_address(flat), offsets)
+                tmp = rt.scratch(2 * segment)
+                local.transport.ring_reduce_scatter(array_address(flat), offsets, array_address(tmp), segment,
+                                                    reduce_fn, itemsize)
+        lo, hi = offsets[local.rank] // itemsize, offsets[local.rank + 1] // itemsize
+        _cross(cross, r, flat[lo:hi])
+        with r.phase("host allgather"):
+            local.transport.ring_allgather(array_address(flat), offsets)
+
+
+def _cross(cross: Level, r: Reduction, part: np.ndarray) -> None:
+    """Phase 2 on this rank's reduced chunk `part`, in place."""
+    cut = Reduction(part, r.spec, r.op, r.finalize, r.phase, wire=r.wire, scale=r.scale)
+    (Ring if r.wire is None else CompressedRing).run(cross, cut)
+
+
+def _through_segment(rt, r: Reduction, seg, dtype: np.dtype, reduce_fn) -> None:
+    """The three phases with the host's segment, in slices of HIERARCHY_SLICE_BYTES: while
+    slice s crosses hosts (this thread), the helper thread reduce-scatters slice s + 1 and
+    allgathers slice s - 1 through the segment, in that order on every local rank. Each
+    slice's chunk is reduced into a buffer of this rank's own (the segment's reduce-scatter
+    may not write where it reads), three in turn, carried across hosts there, and copied
+    from there into every local rank's result."""
+    h = hosts(rt)
+    local, cross = h.local, h.cross
+    flat = r.flat
+    src = array_address(flat if r.src is None else r.src)
+    dst = array_address(flat)
+    itemsize = dtype.itemsize
+    per = max(1, HIERARCHY_SLICE_BYTES // itemsize)
+    starts = range(0, flat.size, per)
+    widest = int(chunk_offsets(min(per, flat.size), local.size, itemsize)[1])  # chunk 0 is the longest
+    room = local.part(3 * widest)
+
+    def layout(s: int):
+        lo = starts[s]
+        offsets = chunk_offsets(min(per, flat.size - lo), local.size, itemsize)
+        mine = int(offsets[local.rank + 1] - offsets[local.rank])
+        part = room[(s % 3) * widest:(s % 3) * widest + mine].view(dtype)
+        return lo * itemsize, offsets, part
+
+    def host_reduce_scatter(s: int) -> None:
+        at, offsets, part = layout(s)
+        seg.reduce_scatter(src + at, offsets, array_address(part), reduce_fn, itemsize)
+
+    def host_allgather(s: int) -> None:
+        at, offsets, part = layout(s)
+        seg.gatherv(array_address(part), dst + at, np.diff(offsets), offsets[:-1])
+
+    def beside(s: int) -> None:
+        if s > 0:
+            host_allgather(s - 1)
+        if s + 1 < len(starts):
+            host_reduce_scatter(s + 1)
+
+    with r.phase("host reduce-scatter"):
+        host_reduce_scatter(0)
+    helper = h.helper()
+    for s in range(len(starts)):
+        helper.start(lambda s=s: beside(s))
+        try:
+            _cross(cross, r, layout(s)[2])
+        except BaseException:
+            h.abandon_helper()  # it may still wait on a peer: a later call gets a new one
+            raise
+        helper.wait()
+    with r.phase("host allgather"):
+        host_allgather(len(starts) - 1)
 
 
 def allgather_pays(rt, nbytes: int) -> bool:

@@ -52,6 +52,16 @@ for dt in (np.dtype(np.int32), np.dtype(np.float32), np.dtype(np.float64), c.BF1
             c.check_close(tag + " in place", inplace, expected, bound)
             c.check_identical(tag, inplace)
 
+# past HIERARCHY_SLICE_BYTES: the host segment's work on the next and previous slices runs
+# beside the current slice's cross-host ring (uneven last slice; from an input and in place)
+for dt, length, op in ((np.dtype(np.int32), 5_000_003, fastring.Sum), (np.dtype(np.int64), 2_500_007, fastring.Min)):
+    inputs = [c.rank_input(dt, length, r, 33) for r in range(N)]
+    expected, _ = c.reference(inputs, op, N)
+    tag = f"sliced allreduce {dt} {op.name}"
+    c.check_close(tag, fastring.allreduce(inputs[R], op=op, name=tag), expected, 0)
+    fastring.allreduce(inputs[R], op=op, name=tag + " in place", out=inputs[R])
+    c.check_close(tag + " in place", inputs[R], expected, 0)
+
 # fused: many tensors in flight at once share the fusion buffer (and its hierarchical run)
 inputs = [[c.rank_input(np.dtype(np.float32), 40_000 + k, r, 40 + k) for k in range(8)] for r in range(N)]
 handles = [fastring.allreduce_async(inputs[R][k], op=fastring.Sum, name=f"fused {k}") for k in range(8)]
