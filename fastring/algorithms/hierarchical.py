@@ -36,7 +36,7 @@ from .._core.config import (BROADCAST_CHAIN_BYTES, BROADCAST_SEGMENT_BYTES, HIER
 from .._core.ops import KERNEL_OP
 from .._transport import array_address, chain_broadcast, ring_reduce_scatter_to, tree_broadcast
 from .allreduce import CompressedRing, Ring
-from .base import Message, Reduction, chunk_offsets, ring_segment
+from .base import Message, Reduction, chunk_offsets, no_phase, ring_segment
 
 
 class Level:
@@ -228,25 +228,42 @@ def _through_segment(rt, r: Reduction, seg, dtype: np.dtype, reduce_fn) -> None:
         at, offsets, part = layout(s)
         seg.gatherv(array_address(part), dst + at, np.diff(offsets), offsets[:-1])
 
-    def beside(s: int) -> None:
-        if s > 0:
-            host_allgather(s - 1)
-        if s + 1 < len(starts):
-            host_reduce_scatter(s + 1)
+    _pipeline(h, len(starts), lambda s: _cross(cross, r, layout(s)[2]), host_reduce_scatter, host_allgather, r.phase)
 
-    with r.phase("host reduce-scatter"):
-        host_reduce_scatter(0)
+
+def _beside(h: Hosts, side, main) -> None:
+    """side() in the helper thread (through the host's segment) while this one runs main()."""
     helper = h.helper()
-    for s in range(len(starts)):
-        helper.start(lambda s=s: beside(s))
-        try:
-            _cross(cross, r, layout(s)[2])
-        except BaseException:
-            h.abandon_helper()  # it may still wait on a peer: a later call gets a new one
-            raise
-        helper.wait()
-    with r.phase("host allgather"):
-        host_allgather(len(starts) - 1)
+    helper.start(side)
+    try:
+        main()
+    except BaseException:
+        h.abandon_helper()  # it may still wait on a peer: a later call gets a new one
+        raise
+    helper.wait()
+
+
+def _pipeline(h: Hosts, count: int, across, before=None, after=None, phase=None) -> None:
+    """For each of `count` slices: before(s) through the host's segment, across(s) across
+    hosts, after(s) through the segment; before(s + 1) and after(s - 1) run in the helper
+    thread while this one runs across(s), in that order on every local rank. `phase` (the
+    timeline's) names the first before and the last after, which run alone."""
+    phase = phase or no_phase
+    if before is not None:
+        with phase("host reduce-scatter"):
+            before(0)
+
+    def beside(s: int) -> None:
+        if after is not None and s > 0:
+            after(s - 1)
+        if before is not None and s + 1 < count:
+            before(s + 1)
+
+    for s in range(count):
+        _beside(h, lambda s=s: beside(s), lambda s=s: across(s))
+    if after is not None:
+        with phase("host allgather"):
+            after(count - 1)
 
 
 def allgather_pays(rt, nbytes: int) -> bool:
@@ -272,18 +289,27 @@ def allgather(rt, out: np.ndarray, offsets: np.ndarray) -> None:
     np.cumsum(sizes[mine], out=across[1:])
     landing = local.part(int(across[-1]))
     base = array_address(out)
-    cross.transport.ring_allgather(array_address(landing), across, own=base + int(offsets[rt.rank]))
-    for c in h.in_order:
+
+    def gather(c: int) -> None:
         ranks = h.ranks[c]
         src = base + int(offsets[rt.rank]) if c == cross.rank else array_address(landing) + int(across[c])
         seg.gatherv(src, base, sizes[ranks], offsets[ranks])
 
+    # this host's rows move through the segment while the other hosts' cross to this one
+    _beside(h, lambda: gather(cross.rank),
+            lambda: cross.transport.ring_allgather(array_address(landing), across, own=base + int(offsets[rt.rank])))
+    for c in h.in_order:
+        if c != cross.rank:
+            gather(c)
+
 
 class HierarchicalBroadcast:
-    """Several hosts of several ranks, the host's segment mapped, above SMALL_MESSAGE_BYTES:
-    the root's host shares the bytes through its segment; local rank j of every host carries
-    the j-th of L parts across hosts from the root's host (L connections at once); every other
-    host gathers the parts through its segment."""
+    """Several hosts of several ranks, the host's segment mapped, above SMALL_MESSAGE_BYTES,
+    in slices of HIERARCHY_SLICE_BYTES: the root's host shares a slice through its segment;
+    local rank j of every host carries the j-th of L parts of it across hosts from the root's
+    host (L connections at once); every other host gathers the parts through its segment.
+    Sharing the next slice and gathering the previous one run beside the current one's
+    crossing (`_pipeline`)."""
 
     name = "hierarchical"
 
@@ -297,15 +323,31 @@ class HierarchicalBroadcast:
         local, cross, seg = h.local, h.cross, rt.host_shm
         root_host = next(c for c, ranks in enumerate(h.ranks) if root in ranks)
         address = array_address(buf)
-        if cross.rank == root_host:
-            counts = np.zeros(local.size, np.int64)
-            counts[h.ranks[root_host].index(root)] = buf.nbytes
-            seg.gatherv(address, address, counts, np.zeros(local.size, np.int64))
-        parts = chunk_offsets(buf.nbytes, local.size, 1)
-        lo, hi = int(parts[local.rank]), int(parts[local.rank + 1])
-        if cross.size > 2 and hi - lo > BROADCAST_CHAIN_BYTES:
-            chain_broadcast(cross.transport, address + lo, hi - lo, root_host, BROADCAST_SEGMENT_BYTES)
-        else:
-            tree_broadcast(cross.transport, address + lo, hi - lo, root_host)
-        if cross.rank != root_host:
-            seg.gatherv(address + lo, address, np.diff(parts), parts[:-1])
+        on_root_host = cross.rank == root_host
+        share = np.zeros(local.size, np.int64)
+        share[h.ranks[root_host].index(root)] = 1
+        starts = range(0, buf.nbytes, HIERARCHY_SLICE_BYTES)
+
+        def layout(s: int):
+            lo = starts[s]
+            parts = chunk_offsets(min(HIERARCHY_SLICE_BYTES, buf.nbytes - lo), local.size, 1)
+            return address + lo, parts
+
+        def host_share(s: int) -> None:  # the root's host: the root's slice to every local rank
+            at, parts = layout(s)
+            seg.gatherv(at, at, share * int(parts[-1]), np.zeros(local.size, np.int64))
+
+        def across(s: int) -> None:  # local rank j carries part j of the slice across hosts
+            at, parts = layout(s)
+            lo, hi = int(parts[local.rank]), int(parts[local.rank + 1])
+            if cross.size > 2 and hi - lo > BROADCAST_CHAIN_BYTES:
+                chain_broadcast(cross.transport, at + lo, hi - lo, root_host, BROADCAST_SEGMENT_BYTES)
+            else:
+                tree_broadcast(cross.transport, at + lo, hi - lo, root_host)
+
+        def host_gather(s: int) -> None:  # the other hosts: every local rank's part to all
+            at, parts = layout(s)
+            seg.gatherv(at + int(parts[local.rank]), at, np.diff(parts), parts[:-1])
+
+        _pipeline(h, len(starts), across, before=host_share if on_root_host else None,
+                  after=None if on_root_host else host_gather)

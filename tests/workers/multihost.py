@@ -89,7 +89,8 @@ HIER = rt.host_shm is not None  # then allgathers and broadcasts past 64 KiB tak
 
 def check_allgather_and_broadcast(tag: str, hierarchical_expected: bool) -> None:
     """allgather of uneven int64 rows (rank 1 gives none), small and past the hierarchy's
-    threshold, and broadcasts of odd byte counts from the first and the last rank: exact."""
+    threshold, and broadcasts of odd byte counts from the first and the last rank (one past
+    the hierarchy's slice size): exact."""
     for scale in (1, 3000):
         rows = [0 if r == 1 else scale * (r + 1) for r in range(N)]
         nbytes = sum(rows) * 3 * 8
@@ -101,7 +102,8 @@ def check_allgather_and_broadcast(tag: str, hierarchical_expected: bool) -> None
                       np.concatenate([np.arange(rows[r] * 3, dtype=np.int64).reshape(-1, 3) + 1000 * r
                                       for r in range(N)]), 0)
     for root in sorted({0, N - 1}):
-        for dt, length in ((np.dtype(np.int16), 100_003), (np.dtype(np.float32), 200_003)):
+        # the last one past HIERARCHY_SLICE_BYTES: two slices, the second short
+        for dt, length in ((np.dtype(np.int16), 100_003), (np.dtype(np.float32), 200_003), (np.dtype(np.int32), 2_500_003)):
             data = c.rank_input(dt, length, root, 50)
             name = choose("broadcast", data.nbytes, rt=rt).name
             c.CHECKS.check((name == "hierarchical") == hierarchical_expected, f"{tag}: broadcast runs {name}")
