@@ -138,8 +138,8 @@ def test_taken_name_missing_tools_and_no_root_in_one_line(monkeypatch, capsys):
 def test_doctests_and_option_checks():
     import doctest
 
-    from fastring.algorithms import base
-    for module in (simcluster, base):
+    from fastring.algorithms import base, hierarchical
+    for module in (simcluster, base, hierarchical):
         result = doctest.testmod(module)
         assert result.failed == 0 and result.attempted > 0, module.__name__
     with pytest.raises(simcluster.SimClusterError, match="not a time"):

@@ -31,8 +31,8 @@ import weakref
 import numpy as np
 
 from .. import kernels
-from .._core.config import (BROADCAST_CHAIN_BYTES, BROADCAST_SEGMENT_BYTES, HIERARCHY_SLICE_BYTES,
-                            SMALL_MESSAGE_BYTES)
+from .._core.config import (BROADCAST_CHAIN_BYTES, BROADCAST_SEGMENT_BYTES, HIERARCHY_CHUNK_BYTES,
+                            HIERARCHY_SLICE_BYTES, SMALL_MESSAGE_BYTES)
 from .._core.ops import KERNEL_OP
 from .._transport import array_address, chain_broadcast, ring_reduce_scatter_to, tree_broadcast
 from .allreduce import CompressedRing, Ring
@@ -49,7 +49,7 @@ class Level:
     def __init__(self, rt, transport, crosses_hosts: bool):
         self.transport, self.rank, self.size = transport, transport.rank, transport.size
         self.crosses_hosts = crosses_hosts
-        self._runtime = weakref.ref(rt)  # a strong one would keep `_levels`' key alive forever
+        self._runtime = weakref.ref(rt)  # a strong one would keep `_hosts`' key alive forever
         self._part = np.empty(0, np.uint8)
 
     def scratch(self, nbytes: int):
@@ -68,7 +68,7 @@ class Hosts:
     runtime ranks of its local ranks in local-rank order. Ranks need not be placed host by
     host."""
 
-    __slots__ = ("local", "cross", "ranks", "in_order", "_helper")
+    __slots__ = ("local", "cross", "ranks", "in_order", "_helper", "__weakref__")
 
     def __init__(self, rt):
         (host, host_ranks), (cross, _) = rt.hierarchy
@@ -82,9 +82,11 @@ class Hosts:
         self._helper = None
 
     def helper(self) -> "Helper":
-        """The thread that runs the host segment's work beside this one (started once)."""
+        """The thread that runs the host segment's work beside this one (started once, and
+        stopped when this hierarchy goes with its runtime)."""
         if self._helper is None:
             self._helper = Helper()
+            weakref.finalize(self, self._helper.stop)
         return self._helper
 
     def abandon_helper(self) -> None:
@@ -104,6 +106,8 @@ class Helper:
     def _loop(self) -> None:
         while True:
             job = self._jobs.get()
+            if job is None:
+                return
             try:
                 job()
                 self._done.put(None)
@@ -112,6 +116,10 @@ class Helper:
 
     def start(self, job) -> None:
         self._jobs.put(job)
+
+    def stop(self) -> None:
+        """End the thread once it has run what it was given."""
+        self._jobs.put(None)
 
     def wait(self) -> None:
         error = self._done.get()
@@ -196,7 +204,7 @@ def _cross(cross: Level, r: Reduction, part: np.ndarray) -> None:
 
 
 def _through_segment(rt, r: Reduction, seg, dtype: np.dtype, reduce_fn) -> None:
-    """The three phases with the host's segment, in slices of HIERARCHY_SLICE_BYTES: while
+    """The three phases with the host's segment, in slices (`slice_bytes`): while
     slice s crosses hosts (this thread), the helper thread reduce-scatters slice s + 1 and
     allgathers slice s - 1 through the segment, in that order on every local rank. Each
     slice's chunk is reduced into a buffer of this rank's own (the segment's reduce-scatter
@@ -208,7 +216,7 @@ def _through_segment(rt, r: Reduction, seg, dtype: np.dtype, reduce_fn) -> None:
     src = array_address(flat if r.src is None else r.src)
     dst = array_address(flat)
     itemsize = dtype.itemsize
-    per = max(1, HIERARCHY_SLICE_BYTES // itemsize)
+    per = max(1, slice_bytes(local.size, cross.size) // itemsize)
     starts = range(0, flat.size, per)
     widest = int(chunk_offsets(min(per, flat.size), local.size, itemsize)[1])  # chunk 0 is the longest
     room = local.part(3 * widest)
@@ -229,6 +237,17 @@ def _through_segment(rt, r: Reduction, seg, dtype: np.dtype, reduce_fn) -> None:
         seg.gatherv(array_address(part), dst + at, np.diff(offsets), offsets[:-1])
 
     _pipeline(h, len(starts), lambda s: _cross(cross, r, layout(s)[2]), host_reduce_scatter, host_allgather, r.phase)
+
+
+def slice_bytes(per_host: int, hosts: int) -> int:
+    """The bytes of a slice of the pipelined hierarchy with `hosts` hosts of `per_host` ranks
+    (fastring/_core/config.py says why).
+
+    Example:
+        >>> slice_bytes(2, 2) >> 20, slice_bytes(8, 128) >> 20
+        (8, 1024)
+    """
+    return max(HIERARCHY_SLICE_BYTES, HIERARCHY_CHUNK_BYTES * per_host * hosts)
 
 
 def _beside(h: Hosts, side, main) -> None:
@@ -305,7 +324,7 @@ def allgather(rt, out: np.ndarray, offsets: np.ndarray) -> None:
 
 class HierarchicalBroadcast:
     """Several hosts of several ranks, the host's segment mapped, above SMALL_MESSAGE_BYTES,
-    in slices of HIERARCHY_SLICE_BYTES: the root's host shares a slice through its segment;
+    in slices (`slice_bytes`): the root's host shares a slice through its segment;
     local rank j of every host carries the j-th of L parts of it across hosts from the root's
     host (L connections at once); every other host gathers the parts through its segment.
     Sharing the next slice and gathering the previous one run beside the current one's
@@ -326,11 +345,12 @@ class HierarchicalBroadcast:
         on_root_host = cross.rank == root_host
         share = np.zeros(local.size, np.int64)
         share[h.ranks[root_host].index(root)] = 1
-        starts = range(0, buf.nbytes, HIERARCHY_SLICE_BYTES)
+        per = slice_bytes(local.size, cross.size)
+        starts = range(0, buf.nbytes, per)
 
         def layout(s: int):
             lo = starts[s]
-            parts = chunk_offsets(min(HIERARCHY_SLICE_BYTES, buf.nbytes - lo), local.size, 1)
+            parts = chunk_offsets(min(per, buf.nbytes - lo), local.size, 1)
             return address + lo, parts
 
         def host_share(s: int) -> None:  # the root's host: the root's slice to every local rank
