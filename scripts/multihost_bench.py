@@ -1,12 +1,15 @@
-"""Allreduce times across (simulated) hosts, every variant on the same buffers in one launch,
-interleaved call by call so that a busy machine slows them alike: MPI's own MPI_Allreduce,
-fastring.allreduce as chosen automatically, the same with fp16 compression, and the two
-algorithms themselves on the same Reduction: the flat ring and (where the job has one) the
-hierarchy. Each time is the slowest rank's, per call; median and minimum over the calls.
+"""Collective times across (simulated) hosts, every variant on the same buffers in one launch,
+interleaved call by call so that a busy machine slows them alike. Allreduce: MPI's own
+MPI_Allreduce, fastring.allreduce as chosen automatically, the same with fp16 compression,
+and the two algorithms themselves on the same Reduction: the flat ring and (where the job has
+one) the hierarchy. With --collectives allgather,broadcast also those (a size is the
+allgather's result, each rank giving 1/N of it, or the broadcast's message, from rank 0): MPI's
+own, fastring's as chosen, the flat algorithm and (where there is a host segment) the
+hierarchical one. Each time is the slowest rank's, per call; median and minimum over the calls.
 
 usage (root):
     fastring-run --sim-hosts 2 -np 4 --link-rate 5gbit python scripts/multihost_bench.py \
-        --sizes 4K,1M,16M,64M --json out.json
+        --sizes 4K,1M,16M,64M [--collectives allreduce,allgather,broadcast] --json out.json
 """
 from __future__ import annotations
 
@@ -20,7 +23,9 @@ import fastring
 from fastring._core.dtypes import spec_of
 from fastring._core.ops import ReduceOp
 from fastring._core.runtime import runtime
-from fastring.algorithms import Hierarchical, Reduction, Ring, choose
+from fastring._transport import array_address
+from fastring.algorithms import Hierarchical, Message, Reduction, Ring, choose, hierarchical
+from fastring.algorithms.collectives import ChainBroadcast, TreeBroadcast
 
 # Enough calls for a stable median without one size taking more than a few seconds.
 TARGET_BYTES_PER_SIZE = 256 << 20
@@ -33,7 +38,7 @@ def parse_size(text: str) -> int:
 
 
 def variants(rt, comm: MPI.Comm, src: np.ndarray, out: np.ndarray) -> dict:
-    """name -> (algorithm that runs, the call)."""
+    """Allreduce: name -> (algorithm that runs, the call)."""
     spec = spec_of("float32")
     fp16 = fastring.Compression.fp16
     found = {
@@ -50,9 +55,52 @@ def variants(rt, comm: MPI.Comm, src: np.ndarray, out: np.ndarray) -> dict:
     return found
 
 
+def allgather_variants(rt, comm: MPI.Comm, nbytes: int) -> dict:
+    """Allgather of an nbytes result, 1/N from each rank: name -> (algorithm, the call)."""
+    rows = max(1, nbytes // 4 // comm.size)
+    mine = np.full(rows, comm.rank, np.float32)
+    out = np.empty(rows * comm.size, np.float32)
+    offsets = np.arange(comm.size + 1, dtype=np.int64) * mine.nbytes
+    own = array_address(mine)
+
+    def flat():
+        out[comm.rank * rows:(comm.rank + 1) * rows] = mine
+        rt.transport.ring_allgather(array_address(out), offsets, own=own)
+
+    def hier():
+        out[comm.rank * rows:(comm.rank + 1) * rows] = mine
+        hierarchical.allgather(rt, out, offsets)
+
+    pays = hierarchical.allgather_pays(rt, out.nbytes)
+    found = {
+        "allgather_mpi": ("MPI_Allgather", lambda: comm.Allgather(mine, out)),
+        "allgather": ("hierarchical" if pays else "ring", lambda: fastring.allgather(mine, name="bench ag")),
+        "allgather_flat": ("ring", flat),
+    }
+    if pays:
+        found["allgather_hier"] = ("hierarchical", hier)
+    return found
+
+
+def broadcast_variants(rt, comm: MPI.Comm, nbytes: int) -> dict:
+    """Broadcast of nbytes from rank 0: name -> (algorithm, the call)."""
+    buf = np.full(nbytes // 4, comm.rank, np.float32)
+    flat = ChainBroadcast if comm.size > 2 and ChainBroadcast.accepts(Message("broadcast", buf.nbytes, rt=rt)) else TreeBroadcast
+    chosen = choose("broadcast", buf.nbytes, rt=rt).name
+    found = {
+        "broadcast_mpi": ("MPI_Bcast", lambda: comm.Bcast(buf, root=0)),
+        "broadcast": (chosen, lambda: fastring.broadcast(buf, root_rank=0, name="bench bc", out=buf)),
+        "broadcast_flat": (flat.name, lambda: flat.run(rt, buf, 0)),
+    }
+    if hierarchical.allgather_pays(rt, buf.nbytes):
+        found["broadcast_hier"] = ("hierarchical", lambda: hierarchical.HierarchicalBroadcast.run(rt, buf, 0))
+    return found
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--sizes", default="4K,1M,16M", help="message sizes in bytes (K/M suffixes)")
+    p.add_argument("--collectives", default="allreduce", help="any of allreduce,allgather,broadcast")
     p.add_argument("--json", help="write the rows to this file (rank 0)")
     args = p.parse_args()
     comm = MPI.COMM_WORLD
@@ -60,9 +108,17 @@ def main() -> None:
     rt = runtime()
     rows = []
     for nbytes in map(parse_size, args.sizes.split(",")):
-        src = np.random.default_rng(comm.rank).standard_normal(nbytes // 4).astype(np.float32)
-        out = np.empty_like(src)
-        calls = variants(rt, comm, src, out)
+        calls = {}
+        for collective in args.collectives.split(","):
+            if collective == "allreduce":
+                src = np.random.default_rng(comm.rank).standard_normal(nbytes // 4).astype(np.float32)
+                calls.update(variants(rt, comm, src, np.empty_like(src)))
+            elif collective == "allgather":
+                calls.update(allgather_variants(rt, comm, nbytes))
+            elif collective == "broadcast":
+                calls.update(broadcast_variants(rt, comm, nbytes))
+            else:
+                p.error(f"unknown collective {collective!r}")
         iters = int(min(100, max(5, TARGET_BYTES_PER_SIZE // nbytes)))
         times = np.zeros((len(calls), iters))
         for _, call in calls.values():

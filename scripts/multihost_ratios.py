@@ -1,6 +1,9 @@
 """The ratios BENCHMARKS.md quotes for many hosts, from launches of scripts/multihost_bench.py:
 per size, each ratio of two variants' median call times within one launch, then the minimum
-and median of that ratio over the launches given (each file is one launch).
+and median of that ratio over the launches given (each file is one launch). Every ratio that
+issue #15's "Done when" names is among them (the allreduce's: MPI / fastring, fp16 against
+uncompressed, flat ring / hierarchical, MPI / hierarchical), and the same against the flat
+algorithm and MPI for the hierarchical allgather and broadcast.
 
 usage: python scripts/multihost_ratios.py run1.json run2.json ...
 """
@@ -16,7 +19,13 @@ import numpy as np
 RATIOS = (("MPI_Allreduce / fastring", "mpi", "fastring"),
           ("fastring / fastring fp16", "fastring", "fp16"),
           ("flat ring / hierarchical", "flat_ring", "hierarchical"),
-          ("MPI_Allreduce / hierarchical", "mpi", "hierarchical"))
+          ("MPI_Allreduce / hierarchical", "mpi", "hierarchical"),
+          ("allgather: flat ring / hierarchical", "allgather_flat", "allgather_hier"),
+          ("allgather: MPI_Allgather / fastring.allgather", "allgather_mpi", "allgather"),
+          ("allgather: MPI_Allgather / hierarchical", "allgather_mpi", "allgather_hier"),
+          ("broadcast: flat / hierarchical", "broadcast_flat", "broadcast_hier"),
+          ("broadcast: MPI_Bcast / fastring.broadcast", "broadcast_mpi", "broadcast"),
+          ("broadcast: MPI_Bcast / hierarchical", "broadcast_mpi", "broadcast_hier"))
 
 
 def size_label(nbytes: int) -> str:
@@ -38,7 +47,8 @@ def main(paths: list[str]) -> None:
     print(f"{len(paths)} launches; each cell: min / median over the launches\n")
     print("| size | variant | median call (ms) | algorithm |")
     print("| --- | --- | --- | --- |")
-    modes = ("mpi", "fastring", "fp16", "flat_ring", "hierarchical")
+    modes = ("mpi", "fastring", "fp16", "flat_ring", "hierarchical", "allgather_mpi", "allgather", "allgather_flat",
+             "allgather_hier", "broadcast_mpi", "broadcast", "broadcast_flat", "broadcast_hier")
     algorithms = {}
     for path in paths:
         with open(path) as f:
@@ -51,7 +61,8 @@ def main(paths: list[str]) -> None:
                       f"{algorithms[nbytes, mode]} |")
     print("\n| size | ratio | min / median |")
     print("| --- | --- | --- |")
-    for (nbytes, label), values in sorted(ratios.items()):
+    order = {label: k for k, (label, _, _) in enumerate(RATIOS)}
+    for (nbytes, label), values in sorted(ratios.items(), key=lambda kv: (kv[0][0], order[kv[0][1]])):
         print(f"| {size_label(nbytes)} | {label} | {min(values):.2f} / {float(np.median(values)):.2f} |")
 
 

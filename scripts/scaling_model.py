@@ -4,12 +4,18 @@ Each link is latency + bytes x per-byte cost (alpha + beta B). With N ranks, H h
 ranks each (placed host by host) and a buffer of B bytes:
   flat ring     2 (N - 1) steps of B / N bytes, each crossing a host link when H > 1:
                 T = 2 (N - 1) (alpha_x + beta_x B / N)
-  hierarchical  host reduce-scatter and allgather, 2 (L - 1) steps of B / L through memory,
-                and L cross-host rings at once, 2 (H - 1) steps, whose chunks of B / (L H)
-                share the host link, B / H per step in all:
-                T = 2 (L - 1) (alpha_h + beta_h B / L) + 2 (H - 1) (alpha_x + beta_x B / H)
-alpha_h, beta_h are fitted on one host (2 ranks), alpha_x, beta_x across 2 simulated hosts of
-one rank at the measured link rate. At another rate R the wire's share of beta_x, 8 / R s/B,
+  hierarchical  in k = ceil(B / S) slices of b = B / k bytes (S: hierarchical.slice_bytes):
+                host reduce-scatter and allgather of a slice through the host's shared
+                segment, which costs what the segment's allreduce of b bytes over L ranks
+                costs, written like a ring's for the fit,
+                    host(b) = 2 (L - 1) (alpha_h + beta_h b / L),
+                and L cross-host rings at once, 2 (H - 1) steps, whose chunks of b / (L H)
+                share the host link, b / H per step in all,
+                    cross(b) = 2 (H - 1) (alpha_x + beta_x b / H);
+                the host work on the neighbouring slices runs beside each slice's crossing:
+                T = host(b) + k max(cross(b), host(b))
+alpha_h, beta_h are fitted on one host (2 ranks, fastring.allreduce through the segment, 1 MiB
+and up), alpha_x, beta_x across 2 simulated hosts of one rank at the measured link rate. At another rate R the wire's share of beta_x, 8 / R s/B,
 changes and the rest (the CPU's and TCP's per-byte cost) stays.
 
 Every point of 1 MiB and up with several hosts, other than the 2 x 1 fit, checks the model;
@@ -36,6 +42,9 @@ import json
 import os
 
 import numpy as np
+
+from fastring.algorithms.hierarchical import slice_bytes
+from fastring.tools.simcluster import TBF_MIN_BURST
 
 RANKS_PER_HOST = 8
 PREDICT_RANKS = (8, 16, 32, 64, 128, 256, 512, 1024)
@@ -67,14 +76,17 @@ def load(directories: list[str], stat: str) -> tuple[list[dict], float]:
 
 def fit_link(rows: list[dict], stat: str) -> tuple[float, float]:
     """(alpha, beta) of T = 2 (N - 1) (alpha + beta B / N) over `rows`: beta by least squares
-    on the messages of FIT_FROM_BYTES and more, alpha from the smallest message's steps. (tc's
-    token bucket lets the first BURST bytes through at memory speed, so messages smaller than
-    it show latency but no rate.)"""
+    on the messages of FIT_FROM_BYTES and more, alpha from the smallest message's steps: all
+    of its time per step where a step's bytes fit in tc's token bucket (TBF_MIN_BURST), which
+    lets them through at memory speed, so that they show latency but no rate; otherwise what
+    is left after the per-byte cost."""
     def per_step(r):
         return r[stat] / (2 * (r["ranks"] - 1))
     large = [r for r in rows if r["bytes"] >= FIT_FROM_BYTES]
     beta, _ = np.polyfit([r["bytes"] / r["ranks"] for r in large], [per_step(r) for r in large], 1)
     smallest = min(rows, key=lambda r: r["bytes"])
+    if smallest["bytes"] / smallest["ranks"] <= TBF_MIN_BURST:
+        return per_step(smallest), beta
     return max(per_step(smallest) - beta * smallest["bytes"] / smallest["ranks"], 0.0), beta
 
 
@@ -100,8 +112,11 @@ class Model:
         return 2 * (n - 1) * (alpha + beta * nbytes / n)
 
     def hierarchical(self, nbytes: float, hosts: int, per_host: int, rate: float | None = None) -> float:
-        return (2 * (per_host - 1) * (self.alpha_h + self.beta_h * nbytes / per_host)
-                + 2 * (hosts - 1) * (self.alpha_x + self.cross_beta(rate) * nbytes / hosts))
+        slices = max(1, -(-int(nbytes) // slice_bytes(per_host, hosts)))
+        b = nbytes / slices
+        host = 2 * (per_host - 1) * (self.alpha_h + self.beta_h * b / per_host)
+        cross = 2 * (hosts - 1) * (self.alpha_x + self.cross_beta(rate) * b / hosts)
+        return host + slices * max(cross, host)
 
 
 def main() -> int:
@@ -114,7 +129,9 @@ def main() -> int:
     rows, rate = load(args.directories, stat)
     # the algorithms themselves, run on the same Reduction (scripts/multihost_bench.py)
     fastring_rows = [r for r in rows if r["mode"] in ("flat_ring", "hierarchical")]
-    host = fit_link([r for r in fastring_rows if r["hosts"] == 1], stat)
+    # the host's shared segment: fastring.allreduce on one host takes it from 1 MiB up
+    host = fit_link([r for r in rows if r["hosts"] == 1 and r["mode"] == "fastring" and r["algorithm"] == "shm"],
+                    stat)
     cross = fit_link([r for r in fastring_rows if r["hosts"] == 2 and r["ranks"] == 2], stat)
     model = Model(host, cross, rate)
     print(f"host link:  alpha {model.alpha_h * 1e6:.1f} us, beta {model.beta_h * 1e9:.3f} ns/B "

@@ -1,7 +1,8 @@
 """Simulated hosts (`fastring-run --sim-hosts`, fastring/tools/simcluster.py): every collective,
-compression, mismatches and the stall inspector across 2 hosts x 2 ranks and 3 x 1, the bytes
-really crossing the links, nothing left behind (also after a failing or interrupted job), and
-the one-line errors. Needs root (network namespaces); CI runs as root, so there they must run."""
+compression, mismatches and the stall inspector across 2 hosts x 2 ranks and 3 x 1, the
+hierarchy through each host's shared segment and without it, the bytes really crossing the
+links, nothing left behind in namespaces or /dev/shm (also after a failing or interrupted
+job), and the one-line errors. Needs root (network namespaces); CI runs as root, so there they must run."""
 from __future__ import annotations
 
 import os
@@ -74,6 +75,11 @@ def test_collectives_across_simulated_hosts(hosts, per_host):
     # 10 x 300,001 float32 values that cross hosts, well over a megabyte
     sent = [int(b) for b in re.findall(r"host \d+ \([\d.]+\) sent (\d+) bytes", proc.stderr)]
     assert len(sent) == hosts and min(sent) > 10 * 4 * 300_001 * (hosts - 1) // hosts, proc.stderr
+    # the host segments (named after a host's first rank's pid) are gone from /dev/shm
+    pids = re.findall(r"^rank \d+ pid (\d+)$", proc.stdout, re.M)
+    assert len(pids) == n, proc.stdout
+    kept = [f for f in os.listdir("/dev/shm") if any(f.startswith(f"fastring-{pid}-") for pid in pids)]
+    assert not kept, kept
 
 
 @needs_root
@@ -132,8 +138,8 @@ def test_taken_name_missing_tools_and_no_root_in_one_line(monkeypatch, capsys):
 def test_doctests_and_option_checks():
     import doctest
 
-    from fastring.algorithms import base
-    for module in (simcluster, base):
+    from fastring.algorithms import base, hierarchical
+    for module in (simcluster, base, hierarchical):
         result = doctest.testmod(module)
         assert result.failed == 0 and result.attempted > 0, module.__name__
     with pytest.raises(simcluster.SimClusterError, match="not a time"):

@@ -22,6 +22,13 @@ RING_SEGMENT_BYTES = 1024 * 1024
 # an idle wire for every segment. On simulated hosts at 2 Gbit/s (2 x 1 ranks, interleaved in
 # one launch) a 64 MiB ring took 1.4x MPI_Allreduce's time in 1 MiB segments and 0.9x in 16 MiB.
 NETWORK_RING_SEGMENT_BYTES = 16 * 1024 * 1024
+# The hierarchical allreduce and broadcast through a host's shared segment work in slices of
+# at least HIERARCHY_SLICE_BYTES, the host's work on the next and previous slices running
+# while the current one crosses hosts (fastring/algorithms/hierarchical.py). Each slice costs
+# the ring across hosts its 2 (H - 1) steps of latency again, so a slice also gives each of
+# the rings across hosts at least HIERARCHY_CHUNK_BYTES per host: on many hosts, few slices.
+HIERARCHY_SLICE_BYTES = 8 * 1024 * 1024
+HIERARCHY_CHUNK_BYTES = 1024 * 1024
 # The ring on a 16-bit wire runs whole (reduce-scatter and allgather) one segment at a time,
 # through three 16-bit buffers of a segment each. Small segments stay in cache and large ones
 # stream; which is faster depends on how the cores share their caches at the time, which can

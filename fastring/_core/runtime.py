@@ -21,7 +21,8 @@ class Runtime:
         """`transport`: the fastring._transport.Transport over a private duplicate of the
         user's communicator (built by the layer above, which owns the transport).
         `attach_shm(transport, tile_bytes, cycle_bytes) -> (segment or None, why not)`:
-        fastring._transport.SharedSegment.attach, tried when every rank runs on this host.
+        fastring._transport.SharedSegment.attach, tried when every rank runs on this host
+        (`shm`), and over the host level of the hierarchy (`host_shm`, one segment per host).
         `make_transport(comm)` builds a transport over another communicator, for the host and
         cross-host levels of a job with several hosts of several ranks each (`hierarchy`)."""
         self.config = config
@@ -49,6 +50,9 @@ class Runtime:
             # namespaces of one machine) it would, and would skip the network
             self.transport.enable_single_copy()
         self.shm = self._attach_shm(config, attach_shm) if self.size > 1 else None
+        # the ranks of one host level share its memory (simulated hosts' namespaces too)
+        self.host_shm = None if self.hierarchy is None else self._attach_shm(config, attach_shm,
+                                                                             self.hierarchy[0][0])
         self._scratch = np.empty(0, np.uint8)
         # The engine sits above this layer: api.process builds it and hangs it here.
         self.engine = None
@@ -66,18 +70,19 @@ class Runtime:
         for transport, ranks in self.hierarchy or ():
             transport.set_stall(interval, None if hook is None else _in_world(hook, ranks))
 
-    def _attach_shm(self, config: _config.Config, attach):
-        """The host's shared segment when every rank runs on this host, else None; why not
+    def _attach_shm(self, config: _config.Config, attach, host_level=None):
+        """The host's shared segment when every rank runs on this host (or, given
+        `host_level`, the transport of one host's ranks, over those), else None; why not
         is logged at debug level (the MPI paths then carry everything). Every rank takes the
         same branch: the conditions are the same everywhere, and `attach` agrees."""
         if attach is None:
             why = "no segment offered"
         elif not config.shm:
             why = "FASTRING_SHM=0"
-        elif self.local_size != self.size:
+        elif host_level is None and self.local_size != self.size:
             why = f"the ranks run on {self.cross_size} hosts"
         else:
-            seg, why = attach(self.transport, _config.SHM_TILE_BYTES, _config.SHM_CYCLE_BYTES)
+            seg, why = attach(host_level or self.transport, _config.SHM_TILE_BYTES, _config.SHM_CYCLE_BYTES)
             if seg is not None:
                 log.debug("fastring: shared-memory path on, %d bytes per rank buffer", seg.tile_bytes)
                 return seg
@@ -94,8 +99,9 @@ class Runtime:
         """Stop the engine (if any) and free the communicator."""
         if self.engine is not None:
             self.engine.shutdown()
-        if self.shm is not None:
-            self.shm.close()
+        for seg in (self.shm, self.host_shm):
+            if seg is not None:
+                seg.close()
         for transport, _ in self.hierarchy or ():
             transport.free()
         self.transport.free()

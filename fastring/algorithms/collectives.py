@@ -38,6 +38,7 @@ from .._core.ops import KERNEL_OP, ReduceOp
 from .._core.work import AllreduceWork, finalizer, predivides, prescale, split_for_average, unpack
 from .._transport import (array_address, chain_broadcast, is_c_contiguous, pairwise_alltoall,
                           ring_reduce_scatter_into, single_copy_broadcast, tree_broadcast)
+from . import hierarchical
 from .base import Message, chunk_offsets, ring_segment
 
 log = logging.getLogger("fastring")
@@ -86,6 +87,8 @@ def allgather_rows(rt, src: np.ndarray, counts: np.ndarray, out: np.ndarray) -> 
     if rt.size > 1 and offsets[-1] and _through_segment(rt, int(offsets[-1])):
         mine = array_address(out) + int(offsets[rt.rank])
         rt.shm.gatherv(mine, array_address(out), np.diff(offsets), offsets[:-1])
+    elif rt.size > 1 and hierarchical.allgather_pays(rt, int(offsets[-1])):
+        hierarchical.allgather(rt, out, offsets)
     elif rt.size > 1 and offsets[-1]:
         # The others read this rank's rows from its input, not from `out`, which stays
         # quick to write the next time it is handed out (see Transport.ring_allgather).

@@ -1,7 +1,9 @@
 """Everything that must hold across hosts, in one launch under `fastring-run --sim-hosts H`:
-the topology, every collective (allreduce by the hierarchy where there is one, fused and
-alone, in place and not), compression, mismatch errors, then the stall inspector (last: it
-leaves the engine broken).
+the topology, every collective (allreduce, allgather and broadcast by the hierarchy and its
+per-host shared segment where there is one, fused and alone, in place and not; the same
+through MPI within the host where no segment is mapped), compression, mismatch errors, then
+the stall inspector (last: it leaves the engine broken). Each rank prints its pid, under which
+a host's first rank names its segment (the test checks /dev/shm keeps none).
 usage: multihost.py H   (with FASTRING_STALL_CHECK_TIME=1, FASTRING_STALL_SHUTDOWN_TIME=3)"""
 import os
 import sys
@@ -14,13 +16,14 @@ import fastring
 from fastring import Compression
 from fastring._core.dtypes import spec_of
 from fastring._core.runtime import runtime
-from fastring.algorithms import choose
+from fastring.algorithms import choose, hierarchical
 
 HOSTS = int(sys.argv[1])
 N, R = c.SIZE, c.RANK
 L = N // HOSTS
 fastring.init()
 rt = runtime()
+print(f"rank {R} pid {os.getpid()}", flush=True)
 
 # --- topology: ranks are placed host by host
 got = (fastring.local_rank(), fastring.local_size(), fastring.cross_rank(), fastring.cross_size())
@@ -28,6 +31,7 @@ c.CHECKS.check(got == (R % L, L, R // L, HOSTS), f"topology (local rank, local s
                                                  f"{got}, expected {(R % L, L, R // L, HOSTS)}")
 c.CHECKS.check((rt.hierarchy is not None) == (L > 1 and HOSTS > 1), f"hierarchy {rt.hierarchy} with {L} per host")
 c.CHECKS.check(not rt.transport.single_copy, "broadcasts copy memory across simulated hosts")
+c.CHECKS.check((rt.host_shm is not None) == (rt.hierarchy is not None), f"host segment {rt.host_shm}")
 LARGE = 300_001  # past SMALL_MESSAGE_BYTES in every dtype below: the hierarchy's size
 expected_algorithm = "hierarchical" if rt.hierarchy is not None else "ring"
 for wire in (None, "fp16"):
@@ -47,6 +51,16 @@ for dt in (np.dtype(np.int32), np.dtype(np.float32), np.dtype(np.float64), c.BF1
             fastring.allreduce(inplace, op=op, name=tag + " in place", out=inplace)
             c.check_close(tag + " in place", inplace, expected, bound)
             c.check_identical(tag, inplace)
+
+# past HIERARCHY_SLICE_BYTES: the host segment's work on the next and previous slices runs
+# beside the current slice's cross-host ring (uneven last slice; from an input and in place)
+for dt, length, op in ((np.dtype(np.int32), 5_000_003, fastring.Sum), (np.dtype(np.int64), 2_500_007, fastring.Min)):
+    inputs = [c.rank_input(dt, length, r, 33) for r in range(N)]
+    expected, _ = c.reference(inputs, op, N)
+    tag = f"sliced allreduce {dt} {op.name}"
+    c.check_close(tag, fastring.allreduce(inputs[R], op=op, name=tag), expected, 0)
+    fastring.allreduce(inputs[R], op=op, name=tag + " in place", out=inputs[R])
+    c.check_close(tag + " in place", inputs[R], expected, 0)
 
 # fused: many tensors in flight at once share the fusion buffer (and its hierarchical run)
 inputs = [[c.rank_input(np.dtype(np.float32), 40_000 + k, r, 40 + k) for k in range(8)] for r in range(N)]
@@ -70,13 +84,35 @@ for comp in (Compression.fp16, Compression.bf16):
         c.check_identical(tag, got)
 
 # --- the other collectives
-rows = R + 1  # uneven first dimensions
-got = fastring.allgather(np.full((rows, 3), R, np.int64), name="allgather")
-c.check_close("allgather", got, np.concatenate([np.full((r + 1, 3), r, np.int64) for r in range(N)]), 0)
-for root in {0, N - 1}:
-    data = c.rank_input(np.dtype(np.float32), 200_003, root, 50)
-    got = fastring.broadcast(data if R == root else np.zeros_like(data), root_rank=root, name=f"broadcast {root}")
-    c.check_close(f"broadcast from {root}", got, data, 0)
+HIER = rt.host_shm is not None  # then allgathers and broadcasts past 64 KiB take the hierarchy
+
+
+def check_allgather_and_broadcast(tag: str, hierarchical_expected: bool) -> None:
+    """allgather of uneven int64 rows (rank 1 gives none), small and past the hierarchy's
+    threshold, and broadcasts of odd byte counts from the first and the last rank (one past
+    the hierarchy's slice size): exact."""
+    for scale in (1, 3000):
+        rows = [0 if r == 1 else scale * (r + 1) for r in range(N)]
+        nbytes = sum(rows) * 3 * 8
+        c.CHECKS.check(hierarchical.allgather_pays(rt, nbytes) == (hierarchical_expected and scale > 1),
+                       f"{tag}: allgather of {nbytes} bytes takes the hierarchy: {hierarchical.allgather_pays(rt, nbytes)}")
+        mine = (np.arange(rows[R] * 3, dtype=np.int64).reshape(-1, 3) + 1000 * R)
+        got = fastring.allgather(mine, name=f"{tag} allgather {scale}")
+        c.check_close(f"{tag} allgather {scale}", got,
+                      np.concatenate([np.arange(rows[r] * 3, dtype=np.int64).reshape(-1, 3) + 1000 * r
+                                      for r in range(N)]), 0)
+    for root in sorted({0, N - 1}):
+        # the last one past HIERARCHY_SLICE_BYTES: two slices, the second short
+        for dt, length in ((np.dtype(np.int16), 100_003), (np.dtype(np.float32), 200_003), (np.dtype(np.int32), 2_500_003)):
+            data = c.rank_input(dt, length, root, 50)
+            name = choose("broadcast", data.nbytes, rt=rt).name
+            c.CHECKS.check((name == "hierarchical") == hierarchical_expected, f"{tag}: broadcast runs {name}")
+            got = fastring.broadcast(data if R == root else np.zeros_like(data), root_rank=root,
+                                     name=f"{tag} broadcast {root} {dt}")
+            c.check_close(f"{tag} broadcast {dt} from {root}", got, data, 0)
+
+
+check_allgather_and_broadcast("with segment", HIER)
 got = fastring.alltoall(np.arange(N * 2, dtype=np.int32) + 100 * R, name="alltoall")
 c.check_close("alltoall", got, np.concatenate([np.arange(2 * R, 2 * R + 2, dtype=np.int32) + 100 * r
                                                 for r in range(N)]), 0)
@@ -87,16 +123,25 @@ lo = sum(len(a) for a in np.array_split(full, N)[:R])
 c.check_close("reducescatter", got, full[lo:lo + len(np.array_split(full, N)[R])], 0)
 fastring.barrier()
 
-# --- restarting keeps the layout; any forced algorithm turns the hierarchy off
-for setting in ("ring", "auto"):
+# --- restarting keeps the layout; any forced algorithm turns the hierarchy off; without
+# the host's segment (FASTRING_SHM=0: as if it could not be mapped) the hierarchical
+# allreduce moves its host phases through MPI, and allgather and broadcast stay flat
+for setting, shm in (("ring", "1"), ("auto", "0"), ("auto", "1")):
+    os.environ["FASTRING_SHM"] = shm
     c.reinit(setting)
     rt = runtime()
     want = "ring" if setting == "ring" else expected_algorithm
     name = choose("allreduce", 4 * LARGE, spec_of("float32"), rt=rt, setting=setting).name
     c.CHECKS.check(name == want, f"after init under {setting}: {name}, expected {want}")
+    c.CHECKS.check((rt.host_shm is not None) == (HIER and shm == "1"), f"FASTRING_SHM={shm}: segment {rt.host_shm}")
     inputs = [c.rank_input(np.dtype(np.float32), LARGE, r, 70) for r in range(N)]
     expected, bound = c.reference(inputs, fastring.Average, N)
     c.check_close(f"allreduce after init under {setting}", fastring.allreduce(inputs[R]), expected, bound)
+    inputs = [c.rank_input(np.dtype(np.int32), LARGE, r, 71) for r in range(N)]
+    exact = fastring.allreduce(inputs[R], op=fastring.Sum, name=f"int sum {setting} {shm}")
+    c.check_close(f"int32 sum under {setting}, FASTRING_SHM={shm}", exact, np.add.reduce(np.stack(inputs)), 0)
+    if setting == "auto" and shm == "0":
+        check_allgather_and_broadcast("without segment", False)
 
 # --- a mismatch across hosts: every rank raises the error that names the field and ranks
 try:
