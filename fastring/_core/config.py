@@ -73,9 +73,9 @@ SHM_COLLECTIVE_MAX_BYTES = 1 << 20
 # times a memcpy per byte on this kind of VM, so they switch only where the rounds' barriers
 # cost more: up to one buffer (SHM_TILE_BYTES: one round) the segment's buffers were faster,
 # and the allreduce switches at four rounds: there it was the faster, at 4-8 MiB the slower
-# (BENCHMARKS.md, issue 18, round 2, session 3). Broadcasts above one buffer take the
-# single-copy broadcast (BROADCAST_SINGLE_COPY_BYTES), which splits the bytes between the root
-# and the readers by their measured speeds and beat claimed chunks.
+# (BENCHMARKS.md, issue 18, round 2, session 3). Broadcasts from SHM_COLLECTIVE_MAX_BYTES take
+# the single-copy broadcast instead, which splits the bytes between the root and the readers
+# by their measured speeds and beat both claimed chunks and the segment's buffers.
 SHM_SINGLE_COPY_BYTES = SHM_TILE_BYTES
 SHM_ALLREDUCE_SINGLE_COPY_BYTES = 16 << 20
 SHM_SINGLE_COPY_CHUNK_BYTES = 1 << 20

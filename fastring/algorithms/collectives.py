@@ -16,8 +16,8 @@ has agreed that every rank runs them.
 When every rank runs on this host with the shared segment mapped (`rt.shm`), the data of all
 four go through it up to SHM_COLLECTIVE_MAX_BYTES; where the ranks may copy between their
 memories, allgather and alltoall at every size (from SHM_SINGLE_COPY_BYTES the segment copies
-straight between the ranks' buffers: fastring/_transport/shm.pyx), broadcast below
-SHM_SINGLE_COPY_BYTES (the single-copy broadcast above).
+straight between the ranks' buffers: fastring/_transport/shm.pyx), broadcast only below
+SHM_COLLECTIVE_MAX_BYTES (the single-copy broadcast from there).
 """
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ import numpy as np
 from .. import kernels
 from .._core import pool as _pool
 from .._core.config import (BROADCAST_CHAIN_BYTES, BROADCAST_SEGMENT_BYTES, BROADCAST_SINGLE_COPY_BYTES,
-                            SHM_COLLECTIVE_MAX_BYTES, SHM_SINGLE_COPY_BYTES)
+                            SHM_COLLECTIVE_MAX_BYTES)
 from .._core.dtypes import spec_of
 from .._core.ops import KERNEL_OP, ReduceOp
 from .._core.work import AllreduceWork, finalizer, predivides, prescale, split_for_average, unpack
@@ -124,17 +124,20 @@ def allgather_bytes(rt, data: bytes) -> list[bytes]:
 
 
 class SharedMemoryBroadcast:
-    """Every rank on one host with the shared segment mapped, up to SHM_COLLECTIVE_MAX_BYTES,
-    or below SHM_SINGLE_COPY_BYTES where the ranks may copy between their memories (larger
-    ones take the single-copy broadcast): the root copies the bytes into its buffer of the
-    segment and every other rank copies them out, in rounds of a buffer."""
+    """Every rank on one host with the shared segment mapped, up to SHM_COLLECTIVE_MAX_BYTES
+    (below it where the ranks may copy between their memories: from there the single-copy
+    broadcast, which copies once, split between the root and the readers, held about 2x MPI
+    where these rounds swung between 0.85x and 3x across launches): the root copies the bytes
+    into its buffer of the segment and every other rank copies them out, in rounds of a
+    buffer."""
 
     name = "shm"
 
     @staticmethod
     def accepts(m: Message) -> bool:
-        return (_through_segment(m.rt, m.nbytes, single_copy=False)
-                or (m.rt.shm is not None and m.rt.transport.single_copy and m.nbytes < SHM_SINGLE_COPY_BYTES))
+        if m.rt.transport.single_copy:
+            return m.rt.shm is not None and m.nbytes < SHM_COLLECTIVE_MAX_BYTES
+        return _through_segment(m.rt, m.nbytes, single_copy=False)
 
     @staticmethod
     def run(rt, buf: np.ndarray, root: int) -> None:

@@ -13,8 +13,11 @@ class SharedMemory:
     """Every rank copies its input into its buffer of the segment and reduces its part of the
     result by reading the others' buffers directly, then copies the other parts from where
     they were reduced (one barrier up to SHM_ONE_STEP_BYTES, where every rank reduces the
-    whole message in rank order instead). Any dtype and op the kernels reduce; each element is
-    reduced by one rank (or by all alike), so the results are bitwise identical everywhere."""
+    whole message in rank order instead; from SHM_ALLREDUCE_SINGLE_COPY_BYTES, where the ranks
+    may copy between their memories, each chunk is read from every rank, reduced and written
+    into every rank by whichever rank claims it). Any dtype and op the kernels reduce; each
+    element is reduced by one rank (or by all alike), so the results are bitwise identical
+    everywhere."""
 
     name = "shm"
     selectable = True
