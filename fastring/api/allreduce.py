@@ -95,12 +95,13 @@ def _host_view(tensor) -> np.ndarray | None:
 
 def _allreduce_request(rt: Runtime, kind: str, tensors: Sequence, outs: Sequence, op, name, compression,
                        prescale_factor, postscale_factor, grouped: bool) -> tuple:
-    name = request_name(rt, kind, name)
+    # the common arguments pass the checks inline: a call each costs per tensor
+    name = name if type(name) is str else request_name(rt, kind, name)
     compressor = compression if compression is Compression.none else as_compressor(compression)
-    op = as_reduce_op(op)
-    prescale = factor(prescale_factor, "prescale_factor")
-    postscale = factor(postscale_factor, "postscale_factor")
-    if is_device_tensor(tensors[0]):
+    op = op if type(op) is ReduceOp else as_reduce_op(op)
+    prescale = prescale_factor if type(prescale_factor) is float else factor(prescale_factor, "prescale_factor")
+    postscale = postscale_factor if type(postscale_factor) is float else factor(postscale_factor, "postscale_factor")
+    if type(tensors[0]) is not np.ndarray and is_device_tensor(tensors[0]):
         return device.allreduce_request(rt, kind, tensors, outs, op, name, compressor, prescale,
                                         postscale, grouped)
     if grouped:
@@ -112,7 +113,7 @@ def _allreduce_request(rt: Runtime, kind: str, tensors: Sequence, outs: Sequence
         shapes = tuple([a.shape for a in arrays])
         nbytes = sum([a.nbytes for a in arrays])
     else:
-        arrays = [as_array(tensors[0])]
+        arrays = [tensors[0] if type(tensors[0]) is np.ndarray else as_array(tensors[0])]
         spec = SUPPORTED.get(arrays[0].dtype) or spec_of(arrays[0].dtype)
         shapes = arrays[0].shape
         nbytes = arrays[0].nbytes

@@ -34,7 +34,8 @@ from .._core.dtypes import SUPPORTED, DtypeSpec
 from .._core.errors import FastringError
 from .._core.ops import ReduceOp
 from .._core.work import AllreduceWork, Entry, divider, finalizer, nothing, pack, predivides
-from .._transport import SPECULATION_FAILED, copy_from_array, copy_to_array, exit_unless_gone_within
+from .._transport import (SPECULATION_FAILED, copy_from_array, copy_to_array, exit_unless_gone_within,
+                          is_c_contiguous, is_writable_c_contiguous)
 from .fusion import Executor
 from .negotiation import (HAS_UNCACHED, LEAVING, LEFT_RANK_SHIFT, NO_PAYLOAD, WANT_REPORT, Negotiation,
                           describe_mismatch, is_clean, leaving_flags, ranks_leaving)
@@ -162,9 +163,9 @@ class Engine:
         Request unless the ranks disagree (`request(name)` builds it then). The result goes to
         `out` (`arr` itself: in place), or to a new array when it is None. Returns the result,
         or None when the general path must take the call; nothing has happened then."""
-        if not (self._idle() and arr.flags.c_contiguous
-                and (out is None or (out.flags.writeable and out.flags.c_contiguous
-                                     and out.shape == arr.shape and out.dtype == arr.dtype))):
+        if not (self._idle() and is_c_contiguous(arr)
+                and (out is None or (is_writable_c_contiguous(out) and (
+                    out is arr or (out.shape == arr.shape and out.dtype == arr.dtype))))):
             return None
         # Nothing is queued, so whoever holds the lock (the background thread looking for
         # work, another thread's own lone cycle) lets go within one cycle.
@@ -194,12 +195,13 @@ class Engine:
             if clean:
                 # as in execution, an error of the reduction itself is the caller's alone
                 result = _pool.empty(arr.shape, arr.dtype) if out is None else out
-                flat = result.reshape(-1)
                 divide = divider(self.rt.size) if op == ReduceOp.Average and self.rt.size > 1 else nothing
                 if small:
                     copy_to_array(result, self._neg.payload_address(words))
-                    divide(flat)
+                    if divide is not nothing:
+                        divide(result.reshape(-1))
                 else:
+                    flat = result.reshape(-1)
                     algorithm = algorithms.choose("allreduce", arr.nbytes, spec, rt=self.rt,
                                                   setting=self.config.algorithm, may_ride_cycle=False)
                     self._executor.running = (f"allreduce ({algorithm.name})", [name])  # for a stall's message

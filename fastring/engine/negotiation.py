@@ -120,6 +120,8 @@ class Negotiation:
         self._block_tmp = np.empty(0, np.uint64)
         self.block_address = self._block_tmp_address = 0
         self.header: memoryview | None = None
+        self.words = 0  # bit-vector words per cycle: the block grows with the cache (_size_block)
+        self._size_block()
 
     def signature_hash(self, name: str, fields: tuple) -> int:
         """A 64-bit digest of (name, fields), equal on every rank for equal requests; never 0
@@ -140,19 +142,22 @@ class Negotiation:
             self._hashes[name] = (fields, h)
         return h
 
-    @property
-    def words(self) -> int:
-        """Bit-vector words per cycle (the block grows with the cache)."""
-        words = (len(self._cache_names) + 63) // 64
+    def _size_block(self) -> None:
+        """Set `words` from the cache's size, and grow the block to hold them and a payload
+        (kept as an attribute: cycles read it on every call, the cache changes rarely). A
+        grown block keeps the old one's contents: the cycle that grew the cache may still
+        read its payload, at the offset of the words it ran with."""
+        self.words = words = (len(self._cache_names) + 63) // 64
         total = HEADER_WORDS + 2 * words + SMALL_MESSAGE_BYTES // 8
         if self.block.size < total:
+            old = self.block
             self.block = np.zeros(total + 64, np.uint64)
+            self.block[:old.size] = old
             self._block_tmp = np.zeros(total + 64, np.uint64)
             self.block_address = array_address(self.block)
             self._block_tmp_address = array_address(self._block_tmp)
             # item writes through a memoryview cost a tenth of numpy scalar assignment
             self.header = memoryview(self.block).cast("B").cast("Q")
-        return words
 
     def payload(self, words: int, nbytes: int, dtype) -> np.ndarray:
         """The payload area of the block as `nbytes` bytes of `dtype`."""
@@ -241,3 +246,5 @@ class Negotiation:
         elif len(self._cache_names) < CACHE_CAPACITY and ".noname." not in name:
             self.cache[name] = (len(self._cache_names), fields)
             self._cache_names.append(name)
+            if len(self._cache_names) % 64 == 1:
+                self._size_block()
