@@ -215,7 +215,7 @@ def _through_segment(rt, r: Reduction, seg, dtype: np.dtype, reduce_fn) -> None:
     src = array_address(flat if r.src is None else r.src)
     dst = array_address(flat)
     itemsize = dtype.itemsize
-    per = max(1, slice_bytes(local.size, cross.size) // itemsize)
+    per = max(1, slice_bytes(cross.size) // itemsize)
     starts = range(0, flat.size, per)
     widest = int(chunk_offsets(min(per, flat.size), local.size, itemsize)[1])  # chunk 0 is the longest
     room = local.part(3 * widest)
@@ -238,15 +238,15 @@ def _through_segment(rt, r: Reduction, seg, dtype: np.dtype, reduce_fn) -> None:
     _pipeline(h, len(starts), lambda s: _cross(cross, r, layout(s)[2]), host_reduce_scatter, host_allgather, r.phase)
 
 
-def slice_bytes(per_host: int, hosts: int) -> int:
-    """The bytes of a slice of the pipelined hierarchy with `hosts` hosts of `per_host` ranks
+def slice_bytes(hosts: int) -> int:
+    """The bytes of a slice of the pipelined hierarchy across `hosts` hosts
     (fastring/_core/config.py says why).
 
     Example:
-        >>> slice_bytes(2, 2) >> 20, slice_bytes(8, 128) >> 20
-        (8, 1024)
+        >>> slice_bytes(2) >> 20, slice_bytes(128) >> 20
+        (8, 128)
     """
-    return max(HIERARCHY_SLICE_BYTES, HIERARCHY_CHUNK_BYTES * per_host * hosts)
+    return max(HIERARCHY_SLICE_BYTES, HIERARCHY_CHUNK_BYTES * hosts)
 
 
 def _beside(h: Hosts, side, main) -> None:
