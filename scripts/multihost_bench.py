@@ -2,14 +2,13 @@
 interleaved call by call so that a busy machine slows them alike. Allreduce: MPI's own
 MPI_Allreduce, fastring.allreduce as chosen automatically, the same with fp16 compression,
 and the two algorithms themselves on the same Reduction: the flat ring and (where the job has
-one) the hierarchy. With --collectives allgather,broadcast also those (a size is the
-allgather's result, each rank giving 1/N of it, or the broadcast's message, from rank 0): MPI's
-own, fastring's as chosen, the flat algorithm and (where there is a host segment) the
-hierarchical one. Each time is the slowest rank's, per call; median and minimum over the calls.
+one) the hierarchy. With --collectives allreduce,allgather also the allgather (a size is its
+result, each rank giving 1/N of it): MPI_Allgather, fastring.allgather as chosen, the flat ring
+and (where there is a host segment) the hierarchical one. Each time is the slowest rank's, per call; median and minimum over the calls.
 
 usage (root):
     fastring-run --sim-hosts 2 -np 4 --link-rate 5gbit python scripts/multihost_bench.py \
-        --sizes 4K,1M,16M,64M [--collectives allreduce,allgather,broadcast] --json out.json
+        --sizes 4K,1M,16M,64M [--collectives allreduce,allgather] --json out.json
 """
 from __future__ import annotations
 
@@ -24,8 +23,7 @@ from fastring._core.dtypes import spec_of
 from fastring._core.ops import ReduceOp
 from fastring._core.runtime import runtime
 from fastring._transport import array_address
-from fastring.algorithms import Hierarchical, Message, Reduction, Ring, choose, hierarchical
-from fastring.algorithms.collectives import ChainBroadcast, TreeBroadcast
+from fastring.algorithms import Hierarchical, Reduction, Ring, choose, hierarchical
 
 # Enough calls for a stable median without one size taking more than a few seconds.
 TARGET_BYTES_PER_SIZE = 256 << 20
@@ -82,25 +80,10 @@ def allgather_variants(rt, comm: MPI.Comm, nbytes: int) -> dict:
     return found
 
 
-def broadcast_variants(rt, comm: MPI.Comm, nbytes: int) -> dict:
-    """Broadcast of nbytes from rank 0: name -> (algorithm, the call)."""
-    buf = np.full(nbytes // 4, comm.rank, np.float32)
-    flat = ChainBroadcast if comm.size > 2 and ChainBroadcast.accepts(Message("broadcast", buf.nbytes, rt=rt)) else TreeBroadcast
-    chosen = choose("broadcast", buf.nbytes, rt=rt).name
-    found = {
-        "broadcast_mpi": ("MPI_Bcast", lambda: comm.Bcast(buf, root=0)),
-        "broadcast": (chosen, lambda: fastring.broadcast(buf, root_rank=0, name="bench bc", out=buf)),
-        "broadcast_flat": (flat.name, lambda: flat.run(rt, buf, 0)),
-    }
-    if hierarchical.allgather_pays(rt, buf.nbytes):
-        found["broadcast_hier"] = ("hierarchical", lambda: hierarchical.HierarchicalBroadcast.run(rt, buf, 0))
-    return found
-
-
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--sizes", default="4K,1M,16M", help="message sizes in bytes (K/M suffixes)")
-    p.add_argument("--collectives", default="allreduce", help="any of allreduce,allgather,broadcast")
+    p.add_argument("--collectives", default="allreduce", help="allreduce, allgather or both")
     p.add_argument("--json", help="write the rows to this file (rank 0)")
     args = p.parse_args()
     comm = MPI.COMM_WORLD
@@ -115,8 +98,6 @@ def main() -> None:
                 calls.update(variants(rt, comm, src, np.empty_like(src)))
             elif collective == "allgather":
                 calls.update(allgather_variants(rt, comm, nbytes))
-            elif collective == "broadcast":
-                calls.update(broadcast_variants(rt, comm, nbytes))
             else:
                 p.error(f"unknown collective {collective!r}")
         iters = int(min(100, max(5, TARGET_BYTES_PER_SIZE // nbytes)))

@@ -2,8 +2,8 @@
 per size, each ratio of two variants' median call times within one launch, then the minimum
 and median of that ratio over the launches given (each file is one launch). Every ratio that
 issue #15's "Done when" names is among them (the allreduce's: MPI / fastring, fp16 against
-uncompressed, flat ring / hierarchical, MPI / hierarchical), and the same against the flat
-algorithm and MPI for the hierarchical allgather and broadcast.
+uncompressed, flat ring / hierarchical, MPI / hierarchical), and the hierarchical allgather
+against the flat ring and MPI.
 
 usage: python scripts/multihost_ratios.py run1.json run2.json ...
 """
@@ -22,10 +22,7 @@ RATIOS = (("MPI_Allreduce / fastring", "mpi", "fastring"),
           ("MPI_Allreduce / hierarchical", "mpi", "hierarchical"),
           ("allgather: flat ring / hierarchical", "allgather_flat", "allgather_hier"),
           ("allgather: MPI_Allgather / fastring.allgather", "allgather_mpi", "allgather"),
-          ("allgather: MPI_Allgather / hierarchical", "allgather_mpi", "allgather_hier"),
-          ("broadcast: flat / hierarchical", "broadcast_flat", "broadcast_hier"),
-          ("broadcast: MPI_Bcast / fastring.broadcast", "broadcast_mpi", "broadcast"),
-          ("broadcast: MPI_Bcast / hierarchical", "broadcast_mpi", "broadcast_hier"))
+          ("allgather: MPI_Allgather / hierarchical", "allgather_mpi", "allgather_hier"))
 
 
 def size_label(nbytes: int) -> str:
@@ -48,7 +45,7 @@ def main(paths: list[str]) -> None:
     print("| size | variant | median call (ms) | algorithm |")
     print("| --- | --- | --- | --- |")
     modes = ("mpi", "fastring", "fp16", "flat_ring", "hierarchical", "allgather_mpi", "allgather", "allgather_flat",
-             "allgather_hier", "broadcast_mpi", "broadcast", "broadcast_flat", "broadcast_hier")
+             "allgather_hier")
     algorithms = {}
     for path in paths:
         with open(path) as f:

@@ -112,7 +112,7 @@ class Model:
         return 2 * (n - 1) * (alpha + beta * nbytes / n)
 
     def hierarchical(self, nbytes: float, hosts: int, per_host: int, rate: float | None = None) -> float:
-        slices = max(1, -(-int(nbytes) // slice_bytes(per_host, hosts)))
+        slices = max(1, -(-int(nbytes) // slice_bytes(hosts)))
         b = nbytes / slices
         host = 2 * (per_host - 1) * (self.alpha_h + self.beta_h * b / per_host)
         cross = 2 * (hosts - 1) * (self.alpha_x + self.cross_beta(rate) * b / hosts)

@@ -76,7 +76,7 @@ def test_collectives_across_simulated_hosts(hosts, per_host):
     sent = [int(b) for b in re.findall(r"host \d+ \([\d.]+\) sent (\d+) bytes", proc.stderr)]
     assert len(sent) == hosts and min(sent) > 10 * 4 * 300_001 * (hosts - 1) // hosts, proc.stderr
     # the host segments (named after a host's first rank's pid) are gone from /dev/shm
-    pids = re.findall(r"^rank \d+ pid (\d+)$", proc.stdout, re.M)
+    pids = re.findall(r"rank \d+ pid (\d+)", proc.stdout)  # lines of ranks may interleave
     assert len(pids) == n, proc.stdout
     kept = [f for f in os.listdir("/dev/shm") if any(f.startswith(f"fastring-{pid}-") for pid in pids)]
     assert not kept, kept

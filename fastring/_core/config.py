@@ -25,8 +25,8 @@ NETWORK_RING_SEGMENT_BYTES = 16 * 1024 * 1024
 # The hierarchical allreduce and broadcast through a host's shared segment work in slices of
 # at least HIERARCHY_SLICE_BYTES, the host's work on the next and previous slices running
 # while the current one crosses hosts (fastring/algorithms/hierarchical.py). Each slice costs
-# the ring across hosts its 2 (H - 1) steps of latency again, so a slice also gives each of
-# the rings across hosts at least HIERARCHY_CHUNK_BYTES per host: on many hosts, few slices.
+# the ring across hosts its 2 (H - 1) steps of latency again, so a slice also sends at least
+# HIERARCHY_CHUNK_BYTES through each host's link per step: on many hosts, fewer slices.
 HIERARCHY_SLICE_BYTES = 8 * 1024 * 1024
 HIERARCHY_CHUNK_BYTES = 1024 * 1024
 # The ring on a 16-bit wire runs whole (reduce-scatter and allgather) one segment at a time,

@@ -16,11 +16,11 @@ transport (MPI). Under compression only phase 2 moves 16-bit values (the compres
 whose result every rank decodes alike), so the host phases keep full precision and every
 rank still ends with the same bits.
 
-The allgather and the broadcast take the same shape where a segment carries the host part
-(without one, the host part would be MPI messages through the kernel, and the flat
-algorithms win): across hosts each host's link carries (H - 1) / H of an allgather's result
-instead of the flat ring's (N - 1) / N, and a broadcast's bytes cross each link once, split
-over L connections, with no hop inside a host going through the network stack.
+The allgather takes the same shape where a segment carries the host part (without one, the
+host part would be MPI messages through the kernel, and the flat ring wins): across hosts
+each host's link carries (H - 1) / H of the result instead of the flat ring's (N - 1) / N.
+A broadcast has no such saving: the chain already sends the bytes through each host's link
+once, at the wire's rate, and a hierarchical one measured slower (BENCHMARKS.md, issue #15).
 """
 from __future__ import annotations
 
@@ -31,12 +31,11 @@ import weakref
 import numpy as np
 
 from .. import kernels
-from .._core.config import (BROADCAST_CHAIN_BYTES, BROADCAST_SEGMENT_BYTES, HIERARCHY_CHUNK_BYTES,
-                            HIERARCHY_SLICE_BYTES, SMALL_MESSAGE_BYTES)
+from .._core.config import HIERARCHY_CHUNK_BYTES, HIERARCHY_SLICE_BYTES, SMALL_MESSAGE_BYTES
 from .._core.ops import KERNEL_OP
-from .._transport import array_address, chain_broadcast, ring_reduce_scatter_to, tree_broadcast
+from .._transport import array_address, ring_reduce_scatter_to
 from .allreduce import CompressedRing, Ring
-from .base import Message, Reduction, chunk_offsets, no_phase, ring_segment
+from .base import Message, Reduction, chunk_offsets, ring_segment
 
 
 class Level:
@@ -216,7 +215,7 @@ def _through_segment(rt, r: Reduction, seg, dtype: np.dtype, reduce_fn) -> None:
     src = array_address(flat if r.src is None else r.src)
     dst = array_address(flat)
     itemsize = dtype.itemsize
-    per = max(1, slice_bytes(local.size, cross.size) // itemsize)
+    per = max(1, slice_bytes(cross.size) // itemsize)
     starts = range(0, flat.size, per)
     widest = int(chunk_offsets(min(per, flat.size), local.size, itemsize)[1])  # chunk 0 is the longest
     room = local.part(3 * widest)
@@ -239,15 +238,15 @@ def _through_segment(rt, r: Reduction, seg, dtype: np.dtype, reduce_fn) -> None:
     _pipeline(h, len(starts), lambda s: _cross(cross, r, layout(s)[2]), host_reduce_scatter, host_allgather, r.phase)
 
 
-def slice_bytes(per_host: int, hosts: int) -> int:
-    """The bytes of a slice of the pipelined hierarchy with `hosts` hosts of `per_host` ranks
+def slice_bytes(hosts: int) -> int:
+    """The bytes of a slice of the pipelined hierarchy across `hosts` hosts
     (fastring/_core/config.py says why).
 
     Example:
-        >>> slice_bytes(2, 2) >> 20, slice_bytes(8, 128) >> 20
-        (8, 1024)
+        >>> slice_bytes(2) >> 20, slice_bytes(128) >> 20
+        (8, 128)
     """
-    return max(HIERARCHY_SLICE_BYTES, HIERARCHY_CHUNK_BYTES * per_host * hosts)
+    return max(HIERARCHY_SLICE_BYTES, HIERARCHY_CHUNK_BYTES * hosts)
 
 
 def _beside(h: Hosts, side, main) -> None:
@@ -262,31 +261,28 @@ def _beside(h: Hosts, side, main) -> None:
     helper.wait()
 
 
-def _pipeline(h: Hosts, count: int, across, before=None, after=None, phase=None) -> None:
+def _pipeline(h: Hosts, count: int, across, before, after, phase) -> None:
     """For each of `count` slices: before(s) through the host's segment, across(s) across
     hosts, after(s) through the segment; before(s + 1) and after(s - 1) run in the helper
-    thread while this one runs across(s), in that order on every local rank. `phase` (the
-    timeline's) names the first before and the last after, which run alone."""
-    phase = phase or no_phase
-    if before is not None:
-        with phase("host reduce-scatter"):
-            before(0)
+    thread while this one runs across(s), in that order on every local rank. The first
+    before and the last after run alone, timed as the timeline's `phase`s."""
+    with phase("host reduce-scatter"):
+        before(0)
 
     def beside(s: int) -> None:
-        if after is not None and s > 0:
+        if s > 0:
             after(s - 1)
-        if before is not None and s + 1 < count:
+        if s + 1 < count:
             before(s + 1)
 
     for s in range(count):
         _beside(h, lambda s=s: beside(s), lambda s=s: across(s))
-    if after is not None:
-        with phase("host allgather"):
-            after(count - 1)
+    with phase("host allgather"):
+        after(count - 1)
 
 
 def allgather_pays(rt, nbytes: int) -> bool:
-    """Whether an allgather or broadcast of `nbytes` (in all) takes the hierarchical path:
+    """Whether an allgather of `nbytes` (in all) takes the hierarchical path:
     under a hierarchy with the host's segment mapped, above SMALL_MESSAGE_BYTES (below, the
     flat algorithms' fewer calls win). The same answer on every rank: the sizes are agreed and
     the segment is mapped on every rank or on none."""
@@ -320,54 +316,3 @@ def allgather(rt, out: np.ndarray, offsets: np.ndarray) -> None:
     for c in h.in_order:
         if c != cross.rank:
             gather(c)
-
-
-class HierarchicalBroadcast:
-    """Several hosts of several ranks, the host's segment mapped, above SMALL_MESSAGE_BYTES,
-    in slices (`slice_bytes`): the root's host shares a slice through its segment;
-    local rank j of every host carries the j-th of L parts of it across hosts from the root's
-    host (L connections at once); every other host gathers the parts through its segment.
-    Sharing the next slice and gathering the previous one run beside the current one's
-    crossing (`_pipeline`)."""
-
-    name = "hierarchical"
-
-    @staticmethod
-    def accepts(m: Message) -> bool:
-        return allgather_pays(m.rt, m.nbytes)
-
-    @staticmethod
-    def run(rt, buf: np.ndarray, root: int) -> None:
-        h = hosts(rt)
-        local, cross, seg = h.local, h.cross, rt.host_shm
-        root_host = next(c for c, ranks in enumerate(h.ranks) if root in ranks)
-        address = array_address(buf)
-        on_root_host = cross.rank == root_host
-        share = np.zeros(local.size, np.int64)
-        share[h.ranks[root_host].index(root)] = 1
-        per = slice_bytes(local.size, cross.size)
-        starts = range(0, buf.nbytes, per)
-
-        def layout(s: int):
-            lo = starts[s]
-            parts = chunk_offsets(min(per, buf.nbytes - lo), local.size, 1)
-            return address + lo, parts
-
-        def host_share(s: int) -> None:  # the root's host: the root's slice to every local rank
-            at, parts = layout(s)
-            seg.gatherv(at, at, share * int(parts[-1]), np.zeros(local.size, np.int64))
-
-        def across(s: int) -> None:  # local rank j carries part j of the slice across hosts
-            at, parts = layout(s)
-            lo, hi = int(parts[local.rank]), int(parts[local.rank + 1])
-            if cross.size > 2 and hi - lo > BROADCAST_CHAIN_BYTES:
-                chain_broadcast(cross.transport, at + lo, hi - lo, root_host, BROADCAST_SEGMENT_BYTES)
-            else:
-                tree_broadcast(cross.transport, at + lo, hi - lo, root_host)
-
-        def host_gather(s: int) -> None:  # the other hosts: every local rank's part to all
-            at, parts = layout(s)
-            seg.gatherv(at + int(parts[local.rank]), at, np.diff(parts), parts[:-1])
-
-        _pipeline(h, len(starts), across, before=host_share if on_root_host else None,
-                  after=None if on_root_host else host_gather)

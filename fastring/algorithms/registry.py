@@ -18,12 +18,12 @@ from .allreduce import CompressedRing, InCycle, MpiNative, RecursiveDoubling, Ri
 from .base import Message
 from .collectives import ChainBroadcast, SharedMemoryBroadcast, SingleCopyBroadcast, TreeBroadcast
 from .device import DeviceRing
-from .hierarchical import Hierarchical, HierarchicalBroadcast
+from .hierarchical import Hierarchical
 from .shm import SharedMemory
 
 REGISTRY: dict[str, tuple] = {
     "allreduce": (InCycle, DeviceRing, Hierarchical, CompressedRing, SharedMemory, MpiNative, RecursiveDoubling, Ring),
-    "broadcast": (SharedMemoryBroadcast, SingleCopyBroadcast, HierarchicalBroadcast, ChainBroadcast, TreeBroadcast),
+    "broadcast": (SharedMemoryBroadcast, SingleCopyBroadcast, ChainBroadcast, TreeBroadcast),
 }
 _BY_NAME = {a.name: a for algorithms in REGISTRY.values() for a in algorithms if getattr(a, "selectable", False)}
 SELECTABLE = ("auto", *_BY_NAME)
