@@ -76,10 +76,28 @@ def test_collectives_across_simulated_hosts(hosts, per_host):
     sent = [int(b) for b in re.findall(r"host \d+ \([\d.]+\) sent (\d+) bytes", proc.stderr)]
     assert len(sent) == hosts and min(sent) > 10 * 4 * 300_001 * (hosts - 1) // hosts, proc.stderr
     # the host segments (named after a host's first rank's pid) are gone from /dev/shm
-    pids = re.findall(r"rank \d+ pid (\d+)", proc.stdout)  # lines of ranks may interleave
-    assert len(pids) == n, proc.stdout
-    kept = [f for f in os.listdir("/dev/shm") if any(f.startswith(f"fastring-{pid}-") for pid in pids)]
-    assert not kept, kept
+    assert not shm_kept(proc.stdout, n)
+
+
+def shm_kept(stdout: str, ranks: int) -> list[str]:
+    """Names in /dev/shm of segments named after the pids the ranks printed (`rank R pid P`)."""
+    pids = re.findall(r"rank \d+ pid (\d+)", stdout)  # lines of ranks may interleave
+    assert len(pids) == ranks, stdout
+    return [f for f in os.listdir("/dev/shm") if any(f.startswith(f"fastring-{pid}-") for pid in pids)]
+
+
+@needs_root
+def test_a_rank_stopped_inside_the_hierarchy_is_an_error_on_time():
+    """2 x 2: the last rank stops (SIGSTOP) while 64 MiB allreduces run hierarchically, its
+    host's segment and its cross-host ring both waiting on it: every other rank fails within
+    FASTRING_STALL_SHUTDOWN_TIME + 2 s and the job ends, leaving nothing behind."""
+    proc = sim_run(["--sim-hosts", "2", "-np", "4", "--link-rate", "5gbit", sys.executable,
+                    str(WORKERS / "faults.py"), "stop_transfer"], env=STALL_ENV)
+    assert proc.returncode != 0, proc.stdout
+    got = {int(r): float(t) for r, t in re.findall(r"rank (\d+): FastringError after ([\d.]+) s", proc.stdout)}
+    assert sorted(got) == [0, 1, 2] and max(got.values()) < 3 + 2, proc.stdout
+    assert "allreduce (hierarchical)" in proc.stdout and "rank 3" in proc.stdout, proc.stdout
+    assert not shm_kept(proc.stdout, 4)
 
 
 @needs_root
