@@ -53,6 +53,14 @@ class Runtime:
         # the ranks of one host level share its memory (simulated hosts' namespaces too)
         self.host_shm = None if self.hierarchy is None else self._attach_shm(config, attach_shm,
                                                                              self.hierarchy[0][0])
+        if self.hierarchy is not None and not comm.allreduce(self.host_shm is not None, MPI.LAND):
+            # the hierarchical collectives cut their cross-host rings differently with a
+            # segment than without: every host takes the same path, or the rings would pair
+            # messages of different lengths
+            if self.host_shm is not None:
+                log.debug("fastring: host segment off, another host could not map one")
+                self.host_shm.close()
+                self.host_shm = None
         self._scratch = np.empty(0, np.uint8)
         # The engine sits above this layer: api.process builds it and hangs it here.
         self.engine = None
