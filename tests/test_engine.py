@@ -138,3 +138,23 @@ def test_a_registered_tensor_adapter_carries_its_framework_in_and_out():
     assert isinstance(got, Box) and got.array.tolist() == [0, 1, 2, 3, 4]
     gathered = fastring.allgather(Box(np.arange(3, dtype=np.int64)))
     assert isinstance(gathered, Box) and gathered.array.tolist() == [0, 1, 2]
+
+
+def test_scatter_to_arrays_fills_every_array_or_none():
+    """The one-call unpacking of a fused batch: byte for byte in order, or nothing at all."""
+    from fastring._transport import scatter_to_arrays
+
+    flat = np.arange(10, dtype=np.float32)
+    a, b = np.zeros(4, np.float32), np.zeros((2, 3), np.float32)
+    assert scatter_to_arrays(flat, [a, b]) is True
+    assert a.tolist() == [0, 1, 2, 3] and b.ravel().tolist() == [4, 5, 6, 7, 8, 9]
+    frozen = np.zeros(2, np.float32)
+    frozen.flags.writeable = False
+    for source, targets in ((flat, [np.zeros(4, np.float32), np.zeros(8, np.float32)[::2]]),   # strided
+                            (flat, [np.zeros(4, np.float32), frozen]),                        # read-only
+                            (flat[:9], [np.zeros(4, np.float32), np.zeros(6, np.float32)]),    # too little
+                            (np.arange(20, dtype=np.float32)[::2], [np.zeros(4, np.float32)])):  # strided source
+        assert scatter_to_arrays(source, targets) is False
+        assert not any(t.any() for t in targets)  # nothing was copied
+    with pytest.raises(TypeError):
+        scatter_to_arrays(flat, [a, [1.0]])

@@ -75,7 +75,9 @@ class Executor:
     def _reduce_batch(self, batch: list[Request]) -> None:
         work = batch[0].allreduce
         names = [r.name for r in batch]
-        sizes = [work.reduced_nbytes(r.nbytes) for r in batch]
+        # every request of a batch shares the work's key: reduced in its own dtype, or not
+        same = work.accumulator == work.spec.dtype and not work.splits_average
+        sizes = [r.nbytes for r in batch] if same else [work.reduced_nbytes(r.nbytes) for r in batch]
         algorithm = algorithms.choose("allreduce", sum(sizes), work.reduced_spec, device=work.device,
                                       wire=work.compression.wire, rt=self.rt, setting=self.config.algorithm,
                                       may_ride_cycle=False)
