@@ -58,6 +58,8 @@ from .._core.errors import FastringError
 import os
 import secrets
 
+import numpy as np
+
 cdef extern from "<fcntl.h>" nogil:
     int posix_fallocate(int fd, off_t offset, off_t length)
 
@@ -566,13 +568,79 @@ cdef class SharedSegment:
         if err:
             self._raise_copy_error(err)
 
+    def allgather_rows(self, uintptr_t src, int64_t rows, int64_t row_bytes, object allocate):
+        """An allgather whose row counts travel with the data: rank r contributes `rows`
+        rows of `row_bytes` bytes at `src` (C-contiguous), every rank learns every rank's
+        count in the barrier of the first data round, calls `allocate(counts)` (an int64
+        array, rows per rank) for a C-contiguous result of sum(counts) rows, and receives
+        every rank's rows there in rank order; returns (counts, the result). One barrier
+        fewer than exchanging the counts first. The first round stages each rank's rows in its
+        buffer unless they alone would go by single copy (SHM_SINGLE_COPY_BYTES): below that
+        threshold in all, every rank has staged; from it on, the single-copy path runs and the
+        staged bytes are not used."""
+        self._check()
+        cdef int n = self.size, me = self.rank, r
+        cdef int64_t mine = rows * row_bytes
+        cdef bint staged = not self._single_copy(mine, self.single_copy_bytes)
+        cdef uint64_t round_ = self.data_rounds
+        self.data_rounds += 1
+        cdef int err = 0
+        cdef int64_t most = 0, total = 0
+        cdef int64_t[::1] c, b, d
+        cdef uintptr_t dst
+        try:
+            with nogil:
+                # Beside the sequence word, one count slot per buffer parity: a rank cannot
+                # write round k+2's before every rank has passed round k+1's barrier.
+                self._word(me)[1 + (round_ & 1)] = <uint64_t> rows
+                if staged and mine:
+                    memcpy(self._data(me, round_), <char*> src, min(self.tile, mine))
+                self._data_arrive()
+            counts = np.empty(n, np.int64)
+            c = counts
+            for r in range(n):
+                c[r] = <int64_t> self._word(r)[1 + (round_ & 1)]
+            out = allocate(counts)
+            sizes = counts * row_bytes
+            displs = np.zeros(n, np.int64)
+            np.cumsum(sizes[:n - 1], out=displs[1:])
+            b, d = sizes, displs
+            dst = out.__array_interface__["data"][0]
+            for r in range(n):
+                most = max(most, b[r])
+                total += b[r]
+            with nogil:
+                if mine and <char*> dst + d[me] != <char*> src:
+                    memcpy(<char*> dst + d[me], <char*> src, mine)
+                if self._single_copy(total, self.single_copy_bytes):
+                    for r in range(n):
+                        self._table(me)[1 + r] = src
+                        self._table(me)[1 + n + r] = dst + d[r]
+                    err = self._single_copy_moves(&b[0], True)
+                else:
+                    for r in range(n):
+                        if r != me and b[r]:
+                            memcpy(<char*> dst + d[r], self._data(r, round_), min(self.tile, b[r]))
+                    self._gather_rounds(<char*> src, <char*> dst, &b[0], &d[0], most, self.tile)
+        except BaseException:
+            self._failed()
+            raise
+        if err:
+            self._raise_copy_error(err)
+        return counts, out
+
     cdef int _gatherv(self, char* src, char* dst, const int64_t* counts, const int64_t* displs,
                       int64_t most) except -1 nogil:
+        if counts[self.rank] and dst + displs[self.rank] != src:
+            memcpy(dst + displs[self.rank], src, counts[self.rank])
+        return self._gather_rounds(src, dst, counts, displs, most, 0)
+
+    cdef int _gather_rounds(self, char* src, char* dst, const int64_t* counts, const int64_t* displs,
+                            int64_t most, int64_t lo) except -1 nogil:
+        """The data rounds of a gatherv from byte `lo` of every rank's piece on."""
         cdef int n = self.size, me = self.rank, r
-        cdef int64_t lo = 0, piece
+        cdef int64_t piece
         cdef uint64_t round_
-        if counts[me] and dst + displs[me] != src:
-            memcpy(dst + displs[me], src, counts[me])
         while lo < most:
             round_ = self.data_rounds
             self.data_rounds += 1
@@ -681,7 +749,8 @@ cdef class SharedSegment:
     cdef int _reduce_scatter(self, char* src, const int64_t* offsets, char* dst, reduce_fn_t reduce,
                              int64_t itemsize, int64_t most, int64_t width) except -1 nogil:
         cdef int n = self.size, me = self.rank, r, j
-        cdef int64_t lo = 0, piece
+        cdef int64_t lo = 0, piece, off, k
+        cdef int64_t sub = SUB_BYTES // itemsize * itemsize if SUB_BYTES >= itemsize else itemsize
         cdef uint64_t round_
         cdef char* out
         while lo < most:
@@ -693,15 +762,19 @@ cdef class SharedSegment:
                     memcpy(self._data(me, round_) + j * width, src + offsets[j] + lo, piece)
             self._data_arrive()
             piece = min(width, offsets[me + 1] - offsets[me] - lo)
-            if piece > 0:
-                out = dst + lo
+            # In L1-sized pieces, each copied and then reduced into while still in cache.
+            off = 0
+            while off < piece:
+                k = min(sub, piece - off)
+                out = dst + lo + off
                 if me == 0:
-                    memcpy(out, src + offsets[me] + lo, piece)
+                    memcpy(out, src + offsets[me] + lo + off, k)
                 else:
-                    memcpy(out, self._data(0, round_) + me * width, piece)
+                    memcpy(out, self._data(0, round_) + me * width + off, k)
                 for r in range(1, n):
-                    reduce(out, src + offsets[me] + lo if r == me
-                           else self._data(r, round_) + me * width, piece // itemsize)
+                    reduce(out, src + offsets[me] + lo + off if r == me
+                           else self._data(r, round_) + me * width + off, k // itemsize)
+                off += k
             lo += width
         return 0
 

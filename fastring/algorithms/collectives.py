@@ -93,6 +93,21 @@ def allgather_rows(rt, src: np.ndarray, counts: np.ndarray, out: np.ndarray) -> 
         rt.transport.ring_allgather(array_address(out), offsets, own=own)
 
 
+def allgather_concat(rt, arr: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Every rank's rows of `arr` concatenated in rank order, in a pooled buffer, and the
+    rows that came from each rank. Where the segment takes allgathers at every size, the row
+    counts travel in the data round's barrier (`SharedSegment.allgather_rows`); otherwise
+    they are gathered first."""
+    if rt.size > 1 and rt.shm is not None and rt.transport.single_copy:
+        src = arr if is_c_contiguous(arr) else np.ascontiguousarray(arr)
+        return rt.shm.allgather_rows(array_address(src), src.shape[0], row_bytes(src),
+                                     lambda counts: _pool.empty((int(counts.sum()),) + arr.shape[1:], arr.dtype))
+    counts = gather_counts(rt, arr.shape[0])
+    out = _pool.empty((int(counts.sum()),) + arr.shape[1:], arr.dtype)
+    allgather_rows(rt, arr, counts, out)
+    return counts, out
+
+
 def _through_segment(rt, nbytes: int, single_copy: bool = True) -> bool:
     """Whether a collective's data of `nbytes` moves through the shared segment (the same
     answer on every rank: the sizes are agreed): through its buffers up to
