@@ -700,13 +700,97 @@ cdef class SharedSegment:
             raise ValueError(f"a {self.tile}-byte buffer cannot hold a piece for each of {self.size} ranks")
         return width
 
+    def alltoall_rows(self, uintptr_t src, const int64_t[::1] send_rows, int64_t row_bytes, object allocate):
+        """An alltoall whose row counts travel with the data: this rank sends send_rows[j]
+        consecutive rows of `row_bytes` bytes from `src` (C-contiguous) to rank j; every rank
+        learns the whole matrix of row counts in the barrier of the first data round (each
+        rank's row heads its buffer), calls `allocate(received rows per rank)` for a
+        C-contiguous result and receives every rank's rows there in rank order; returns (the
+        n x n matrix of rows, the result). One barrier fewer than exchanging the counts
+        first. What goes through the buffers and what by single copy is decided as in
+        `allgather_rows`, on the bytes this rank sends to the others."""
+        self._check()
+        cdef int n = self.size, me = self.rank, r, j
+        if send_rows.shape[0] != n:
+            raise ValueError(f"send_rows needs {n} entries, got {send_rows.shape[0]}")
+        cdef int64_t head = _align(8 * n, 64), width = self._width(1)
+        cdef int64_t first = (self.tile - head) // n // 64 * 64
+        if first <= 0:
+            raise ValueError(f"a {self.tile}-byte buffer cannot hold a piece for each of {n} ranks")
+        sdispls = np.zeros(n + 1, np.int64)
+        np.cumsum(np.asarray(send_rows) * row_bytes, out=sdispls[1:])
+        cdef int64_t[::1] sd = sdispls
+        cdef int64_t mine = 0, most = 0, total = 0
+        for j in range(n):
+            if j != me:
+                mine += sd[j + 1] - sd[j]
+        cdef bint staged = not self._single_copy(mine, self.single_copy_bytes)
+        cdef uint64_t round_ = self.data_rounds
+        self.data_rounds += 1
+        cdef int err = 0
+        cdef char* buf
+        cdef int64_t[:, ::1] m, b
+        cdef int64_t[::1] rd
+        cdef uintptr_t dst
+        try:
+            with nogil:
+                buf = self._data(me, round_)
+                for j in range(n):
+                    (<int64_t*> buf)[j] = send_rows[j]
+                    if staged and j != me and sd[j + 1] > sd[j]:
+                        memcpy(buf + head + j * first, <char*> src + sd[j], min(first, sd[j + 1] - sd[j]))
+                self._data_arrive()
+            matrix = np.empty((n, n), np.int64)
+            m = matrix
+            for r in range(n):
+                for j in range(n):
+                    m[r, j] = (<int64_t*> self._data(r, round_))[j]
+            out = allocate(np.ascontiguousarray(matrix[:, me]))
+            moved = matrix * row_bytes
+            b = moved
+            rdispls = np.zeros(n, np.int64)
+            np.cumsum(moved[:n - 1, me], out=rdispls[1:])
+            rd = rdispls
+            dst = out.__array_interface__["data"][0]
+            for r in range(n):
+                for j in range(n):
+                    if r != j:
+                        most = max(most, b[r, j])
+                        total += b[r, j]
+            with nogil:
+                if b[me, me]:
+                    memcpy(<char*> dst + rd[me], <char*> src + sd[me], b[me, me])
+                if self._single_copy(total, self.single_copy_bytes):
+                    for r in range(n):
+                        self._table(me)[1 + r] = src + sd[r]
+                        self._table(me)[1 + n + r] = dst + rd[r]
+                    err = self._single_copy_moves(&b[0, 0], False)
+                else:
+                    for r in range(n):
+                        if r != me and b[r, me]:
+                            memcpy(<char*> dst + rd[r], self._data(r, round_) + head + me * first,
+                                   min(first, b[r, me]))
+                    self._alltoall_rounds(<char*> src, &b[0, 0], &sd[0], <char*> dst, &rd[0], most, width, first)
+        except BaseException:
+            self._failed()
+            raise
+        if err:
+            self._raise_copy_error(err)
+        return matrix, out
+
     cdef int _alltoallv(self, char* src, const int64_t* counts, const int64_t* sdispls, char* dst,
                         const int64_t* rdispls, int64_t most, int64_t width) except -1 nogil:
-        cdef int n = self.size, me = self.rank, r, j
-        cdef int64_t lo = 0, piece
-        cdef uint64_t round_
+        cdef int me = self.rank, n = self.size
         if counts[me * n + me]:
             memcpy(dst + rdispls[me], src + sdispls[me], counts[me * n + me])
+        return self._alltoall_rounds(src, counts, sdispls, dst, rdispls, most, width, 0)
+
+    cdef int _alltoall_rounds(self, char* src, const int64_t* counts, const int64_t* sdispls, char* dst,
+                              const int64_t* rdispls, int64_t most, int64_t width, int64_t lo) except -1 nogil:
+        """The data rounds of an alltoallv from byte `lo` of every piece on."""
+        cdef int n = self.size, me = self.rank, r, j
+        cdef int64_t piece
+        cdef uint64_t round_
         while lo < most:
             round_ = self.data_rounds
             self.data_rounds += 1
