@@ -60,6 +60,10 @@ import secrets
 
 import numpy as np
 
+cimport numpy as cnp
+
+cnp.import_array()
+
 cdef extern from "<fcntl.h>" nogil:
     int posix_fallocate(int fd, off_t offset, off_t length)
 
@@ -586,7 +590,7 @@ cdef class SharedSegment:
         self.data_rounds += 1
         cdef int err = 0
         cdef int64_t most = 0, total = 0
-        cdef int64_t[::1] c, b, d
+        cdef int64_t[::1] c, b, d, bd
         cdef uintptr_t dst
         try:
             with nogil:
@@ -601,12 +605,15 @@ cdef class SharedSegment:
             for r in range(n):
                 c[r] = <int64_t> self._word(r)[1 + (round_ & 1)]
             out = allocate(counts)
-            sizes = counts * row_bytes
-            displs = np.zeros(n, np.int64)
-            np.cumsum(sizes[:n - 1], out=displs[1:])
-            b, d = sizes, displs
-            dst = out.__array_interface__["data"][0]
+            dst = <uintptr_t> cnp.PyArray_DATA(out)
+            # bytes from each rank, then where they land (C loops: NumPy calls on these few
+            # numbers cost more than the barrier)
+            bd = np.empty(2 * n, np.int64)
+            b = bd[:n]
+            d = bd[n:]
             for r in range(n):
+                b[r] = c[r] * row_bytes
+                d[r] = total
                 most = max(most, b[r])
                 total += b[r]
             with nogil:
@@ -706,7 +713,7 @@ cdef class SharedSegment:
         learns the whole matrix of row counts in the barrier of the first data round (each
         rank's row heads its buffer), calls `allocate(received rows per rank)` for a
         C-contiguous result and receives every rank's rows there in rank order; returns (the
-        n x n matrix of rows, the result). One barrier fewer than exchanging the counts
+        rows received from each rank, the result). One barrier fewer than exchanging the counts
         first. What goes through the buffers and what by single copy is decided as in
         `allgather_rows`, on the bytes this rank sends to the others."""
         self._check()
@@ -717,20 +724,20 @@ cdef class SharedSegment:
         cdef int64_t first = (self.tile - head) // n // 64 * 64
         if first <= 0:
             raise ValueError(f"a {self.tile}-byte buffer cannot hold a piece for each of {n} ranks")
-        sdispls = np.zeros(n + 1, np.int64)
-        np.cumsum(np.asarray(send_rows) * row_bytes, out=sdispls[1:])
-        cdef int64_t[::1] sd = sdispls
+        cdef int64_t[::1] sd = np.empty(n + 1, np.int64)
         cdef int64_t mine = 0, most = 0, total = 0
+        sd[0] = 0
         for j in range(n):
+            sd[j + 1] = sd[j] + send_rows[j] * row_bytes
             if j != me:
-                mine += sd[j + 1] - sd[j]
+                mine += send_rows[j] * row_bytes
         cdef bint staged = not self._single_copy(mine, self.single_copy_bytes)
         cdef uint64_t round_ = self.data_rounds
         self.data_rounds += 1
         cdef int err = 0
         cdef char* buf
-        cdef int64_t[:, ::1] m, b
-        cdef int64_t[::1] rd
+        cdef int64_t[:, ::1] b
+        cdef int64_t[::1] rd, got
         cdef uintptr_t dst
         try:
             with nogil:
@@ -740,23 +747,22 @@ cdef class SharedSegment:
                     if staged and j != me and sd[j + 1] > sd[j]:
                         memcpy(buf + head + j * first, <char*> src + sd[j], min(first, sd[j + 1] - sd[j]))
                 self._data_arrive()
-            matrix = np.empty((n, n), np.int64)
-            m = matrix
+            received = np.empty(n, np.int64)
+            got = received
+            b = np.empty((n, n), np.int64)  # bytes from rank r to rank j
+            rd = np.empty(n, np.int64)
             for r in range(n):
+                got[r] = (<int64_t*> self._data(r, round_))[me]
                 for j in range(n):
-                    m[r, j] = (<int64_t*> self._data(r, round_))[j]
-            out = allocate(np.ascontiguousarray(matrix[:, me]))
-            moved = matrix * row_bytes
-            b = moved
-            rdispls = np.zeros(n, np.int64)
-            np.cumsum(moved[:n - 1, me], out=rdispls[1:])
-            rd = rdispls
-            dst = out.__array_interface__["data"][0]
-            for r in range(n):
-                for j in range(n):
+                    b[r, j] = (<int64_t*> self._data(r, round_))[j] * row_bytes
                     if r != j:
                         most = max(most, b[r, j])
                         total += b[r, j]
+            out = allocate(received)
+            dst = <uintptr_t> cnp.PyArray_DATA(out)
+            rd[0] = 0
+            for r in range(1, n):
+                rd[r] = rd[r - 1] + b[r - 1, me]
             with nogil:
                 if b[me, me]:
                     memcpy(<char*> dst + rd[me], <char*> src + sd[me], b[me, me])
@@ -776,7 +782,7 @@ cdef class SharedSegment:
             raise
         if err:
             self._raise_copy_error(err)
-        return matrix, out
+        return received, out
 
     cdef int _alltoallv(self, char* src, const int64_t* counts, const int64_t* sdispls, char* dst,
                         const int64_t* rdispls, int64_t most, int64_t width) except -1 nogil:

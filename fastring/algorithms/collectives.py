@@ -214,9 +214,9 @@ def alltoall_rows(rt, arr: np.ndarray, send_rows: np.ndarray) -> tuple[np.ndarra
     if rt.size > 1 and rt.shm is not None and rt.transport.single_copy:
         # the row counts travel in the data round's barrier (SharedSegment.alltoall_rows)
         src = arr if is_c_contiguous(arr) else np.ascontiguousarray(arr[:int(send_rows.sum())])
-        matrix, out = rt.shm.alltoall_rows(array_address(src), send_rows, unit_bytes,
-                                           lambda rows: _pool.empty((int(rows.sum()),) + arr.shape[1:], arr.dtype))
-        return out, np.ascontiguousarray(matrix[:, rt.rank])
+        recv_rows, out = rt.shm.alltoall_rows(array_address(src), send_rows, unit_bytes,
+                                              lambda rows: _pool.empty((int(rows.sum()),) + arr.shape[1:], arr.dtype))
+        return out, recv_rows
     if rt.shm is not None:  # every rank learns every rank's row counts
         matrix = gather_counts(rt, send_rows)
         recv_rows = np.ascontiguousarray(matrix[:, rt.rank])
