@@ -16,7 +16,8 @@ has agreed that every rank runs them.
   the last step lands in the result.
 
 When every rank runs on this host with the shared segment mapped (`rt.shm`), the data of all
-four go through it up to SHM_COLLECTIVE_MAX_BYTES; where the ranks may copy between their
+four go through it up to SHM_COLLECTIVE_MAX_BYTES (reducescatter's up to
+SHM_REDUCESCATTER_MAX_BYTES); where the ranks may copy between their
 memories, allgather and alltoall at every size (from SHM_SINGLE_COPY_BYTES the segment copies
 straight between the ranks' buffers: fastring/_transport/shm.pyx), broadcast only below
 SHM_COLLECTIVE_MAX_BYTES (the single-copy broadcast from there).
@@ -34,7 +35,7 @@ import numpy as np
 from .. import kernels
 from .._core import pool as _pool
 from .._core.config import (BROADCAST_CHAIN_BYTES, BROADCAST_SEGMENT_BYTES, BROADCAST_SINGLE_COPY_BYTES,
-                            SHM_COLLECTIVE_MAX_BYTES)
+                            SHM_COLLECTIVE_MAX_BYTES, SHM_REDUCESCATTER_MAX_BYTES)
 from .._core.dtypes import spec_of
 from .._core.ops import KERNEL_OP, ReduceOp
 from .._core.work import AllreduceWork, finalizer, predivides, prescale, split_for_average, unpack
@@ -261,7 +262,7 @@ def reduce_scatter_rows(rt, arr: np.ndarray, work: AllreduceWork, counts: np.nda
         prescale(work, src.reshape(-1), rt.size)
     elif not is_c_contiguous(arr):
         src = np.ascontiguousarray(arr)
-    if offsets[-1] and _through_segment(rt, int(offsets[-1]), single_copy=False):
+    if offsets[-1] and rt.shm is not None and offsets[-1] <= SHM_REDUCESCATTER_MAX_BYTES:
         rt.shm.reduce_scatter(array_address(src), offsets, array_address(out),
                               kernels.reduce_cfunc(KERNEL_OP[op], spec.dtype), itemsize)
     elif offsets[-1]:

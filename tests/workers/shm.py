@@ -164,6 +164,15 @@ def counted_allgathers(tag):
     c.check_close(f"allgather counted mixed {tag}", fastring.allgather(mixed[R], name="agc mixed"),
                   np.concatenate(mixed), 0)
     shm.single_copy_bytes = saved
+    # reducescatter through the segment's buffers past SHM_COLLECTIVE_MAX_BYTES (up to
+    # SHM_REDUCESCATTER_MAX_BYTES): exact integers, rows that do not divide among the ranks,
+    # more than one round per rank (a part wider than a buffer's share)
+    rows = SHM_TILE_BYTES // 16 + N + 1
+    xs = [c.rank_input(np.dtype(np.int32), (rows, 4), r, 84) for r in range(N)]
+    whole = sum(x.astype(np.int64) for x in xs).astype(np.int32)
+    bounds = np.cumsum([0] + [rows // N + (1 if r < rows % N else 0) for r in range(N)])
+    c.check_close(f"reducescatter through the segment {tag}",
+                  fastring.reducescatter(xs[R], op=fastring.Sum, name="rs segment"), whole[bounds[R]:bounds[R + 1]], 0)
 
 
 def counted_alltoall(rows_to, dtype, seed, name, strided=False):
