@@ -69,6 +69,7 @@ cdef extern from "<fcntl.h>" nogil:
 
 cdef extern from "<sched.h>" nogil:
     int sched_yield()
+    int sched_getcpu()
 
 cdef extern from "<stdlib.h>" nogil:
     void* aligned_alloc(size_t alignment, size_t size)
@@ -103,6 +104,7 @@ cdef extern from *:
 DEF LINE = 128          # bytes per sequence word: no two ranks' words share a prefetched pair of lines
 DEF PAGE = 4096
 DEF PURE_SPINS = 2048   # loads before a wait reads the clock (and, oversubscribed, yields)
+DEF CPU_WORD = 3       # in a rank's sequence line: the core it last arrived from (1, 2: allgather counts)
 DEF SUB_BYTES = 32768   # the reduction's unit: a piece copied and reduced while in L1
 
 cdef double _CYCLE_SPIN = WAIT_CYCLE_SPIN_SECONDS
@@ -260,18 +262,25 @@ cdef class SharedSegment:
         """Bump this rank's counter and wait until every rank's has reached it. Calls
         `hook(partner, seconds waited)` every `interval` seconds (0: never) while waiting."""
         self.seq += 1
+        # Where this rank runs, beside its counter: a peer that waits for it and finds it was
+        # last on the peer's own core yields at once, since it cannot arrive while the peer
+        # spins there (spinning first cost about 200 us a barrier in that state).
+        cdef uint64_t cpu = <uint64_t> sched_getcpu()
+        self._word(self.rank)[CPU_WORD] = cpu
         fr_store(self._word(self.rank), self.seq)
         cdef uint64_t target = self.seq
         cdef int r = 0, n = self.size
         cdef long tries = 0
         cdef double start = 0, t, next_report = 0, pause_s = 0
+        cdef bint shared
         while True:
             while r < n and fr_load(self._word(r)) >= target:
                 r += 1
             if r == n:
                 return 0
             tries += 1
-            if tries < PURE_SPINS:
+            shared = self._word(r)[CPU_WORD] == cpu
+            if tries < PURE_SPINS and not shared:
                 fr_relax()
                 continue
             t = now()
@@ -279,7 +288,7 @@ cdef class SharedSegment:
                 start, next_report = t, t + interval
                 continue
             if t - start < spin:
-                if self.oversubscribed or t - start > _HOT_SPIN:
+                if self.oversubscribed or shared or t - start > _HOT_SPIN:
                     sched_yield()  # the peer we wait for may be waiting for this core
                 continue
             pause_s = back_off(pause_s, t - start)
