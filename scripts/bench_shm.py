@@ -52,14 +52,23 @@ def timed(fn, calls: int, comm, barrier: bool) -> float:
     return comm.allreduce(total, op=MPI.MAX) / calls
 
 
-def compare(ours, theirs, calls: int, trials: int, comm, barrier: bool = False) -> dict:
-    ours(), theirs()  # warm up: first-touch page faults, kernels compiled, caches filled
-    mine, mpi = [], []
+def compare(ours, theirs, calls: int, trials: int, comm, barrier: bool = False, floor=None) -> dict:
+    """fastring's and MPI's median times and their ratio; with `floor` (a function every
+    rank runs at once that writes the collective's whole output once), its median time too
+    and each side's time as a percentage of it, all three alternating trial by trial."""
+    fns = [ours, theirs] + ([floor] if floor is not None else [])
+    times = [[] for _ in fns]
+    for fn in fns:  # warm up: first-touch page faults, kernels compiled, caches filled
+        fn()
     for _ in range(trials):
-        mine.append(timed(ours, calls, comm, barrier))
-        mpi.append(timed(theirs, calls, comm, barrier))
-    f, m = float(np.median(mine)), float(np.median(mpi))
-    return {"fastring_us": f * 1e6, "mpi_us": m * 1e6, "ratio": m / f}
+        for fn, got in zip(fns, times):
+            got.append(timed(fn, calls, comm, barrier))
+    f, m = float(np.median(times[0])), float(np.median(times[1]))
+    row = {"fastring_us": f * 1e6, "mpi_us": m * 1e6, "ratio": m / f}
+    if floor is not None:
+        w = float(np.median(times[2]))
+        row.update(floor_us=w * 1e6, fastring_floor_pct=100 * w / f, mpi_floor_pct=100 * w / m)
+    return row
 
 
 def calls_for(nbytes: int) -> tuple[int, int]:
@@ -110,19 +119,26 @@ def collective_rows(comm, sizes) -> list[dict]:
         part = np.empty(count, np.float32)
         a2a_in = np.ones(count - count % n, np.float32)
         a2a_out = np.empty_like(a2a_in)
+        # The floor of each: every rank writes a buffer the size of its output once, from
+        # a source of that size, all ranks at once (np.copyto): what no collective that
+        # writes its output can beat on this machine's memory.
+        floor_src, floor_dst = np.ones(count * n, np.float32), np.empty(count * n, np.float32)
+
+        def floor_of(items: int):
+            return lambda: np.copyto(floor_dst[:items], floor_src[:items])
         calls, trials = calls_for(nbytes)
         cases = (
             ("allgather", lambda: fastring.allgather(x, name="ag"),
-             lambda: comm.Allgather(x, gathered)),
+             lambda: comm.Allgather(x, gathered), floor_of(count * n)),
             ("reducescatter", lambda: fastring.reducescatter(big, op=fastring.Sum, name="rs"),
-             lambda: comm.Reduce_scatter_block(big, part, MPI.SUM)),
+             lambda: comm.Reduce_scatter_block(big, part, MPI.SUM), floor_of(count)),
             ("broadcast", lambda: fastring.broadcast(x, 0, name="bc", out=x),
-             lambda: comm.Bcast(x, 0)),
+             lambda: comm.Bcast(x, 0), floor_of(count)),
             ("alltoall", lambda: fastring.alltoall(a2a_in, name="a2a"),
-             lambda: comm.Alltoall(a2a_in, a2a_out)),
+             lambda: comm.Alltoall(a2a_in, a2a_out), floor_of(a2a_in.size)),
         )
-        for what, ours, theirs in cases:
-            row = compare(ours, theirs, calls, trials, comm)
+        for what, ours, theirs, floor in cases:
+            row = compare(ours, theirs, calls, trials, comm, floor=floor)
             row.update(what=what, bytes=nbytes, barrier=False)
             rows.append(row)
     return rows
@@ -158,7 +174,10 @@ def summarize(paths: list[str]) -> None:
     runs = [json.load(open(p)) for p in paths]
     print(f"| figure | size | caller's barrier | min over {len(runs)} launches | median | every launch | target |")
     print("|---|---:|---|---:|---:|---|---|")
+    floors = []
     for k, row in enumerate(runs[0]):
+        if "floor_us" in row:
+            floors.append((row, [r[k] for r in runs]))
         key = "percent" if "percent" in row else "ratio"
         values = [r[k][key] for r in runs]
         unit = "%" if key == "percent" else ""
@@ -167,6 +186,17 @@ def summarize(paths: list[str]) -> None:
         print(f"| {row['what']} | {format_bytes(row['bytes'])} | {'yes' if row['barrier'] else 'no'} | "
               f"{min(values):.2f}{unit} | {float(np.median(values)):.2f}{unit} | "
               f"{', '.join(f'{v:.2f}' for v in values)} | {verdict} |")
+    if floors:
+        print("\nTime of the floor (every rank writes its output once, all at once) as a percentage of"
+              " each side's time, min / median over the launches (100% = at the floor):\n")
+        print("| collective | size | fastring, % of floor | MPI, % of floor | the most ratio at the floor (MPI / floor), median |")
+        print("|---|---:|---:|---:|---:|")
+        for row, cells in floors:
+            ours, theirs = [c["fastring_floor_pct"] for c in cells], [c["mpi_floor_pct"] for c in cells]
+            # fastring at the floor would be MPI's time / the floor's: the most this machine allows
+            best = [c["mpi_us"] / c["floor_us"] for c in cells]
+            print(f"| {row['what']} | {format_bytes(row['bytes'])} | {min(ours):.0f}% / {float(np.median(ours)):.0f}% | "
+                  f"{min(theirs):.0f}% / {float(np.median(theirs)):.0f}% | at most {float(np.median(best)):.2f} |")
 
 
 def main() -> None:
@@ -197,8 +227,10 @@ def main() -> None:
                       f"{r['copy_us']:>10.1f} {r['percent']:>5.0f}%  (busbw {r['busbw_GBps']:.2f} GB/s, "
                       f"floor {r['floor_GBps']:.2f} GB/s)")
             else:
+                floor = (f"  (floor {r['floor_us']:.1f} us: fastring {r['fastring_floor_pct']:.0f}%, "
+                         f"MPI {r['mpi_floor_pct']:.0f}% of it)" if "floor_us" in r else "")
                 print(f"{r['what']:<32} {format_bytes(r['bytes']):>8} {'yes' if r['barrier'] else 'no':>7} "
-                      f"{r['fastring_us']:>12.1f} {r['mpi_us']:>10.1f} {r['ratio']:>6.2f}")
+                      f"{r['fastring_us']:>12.1f} {r['mpi_us']:>10.1f} {r['ratio']:>6.2f}{floor}")
         if args.json:
             with open(args.json, "w") as f:
                 json.dump(rows, f, indent=1)

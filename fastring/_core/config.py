@@ -64,6 +64,10 @@ SHM_ONE_STEP_BYTES = 256 * 1024
 # 2-3x (BENCHMARKS.md, issue 18); allgather, broadcast and alltoall go by single copy through
 # the segment instead where they may (SHM_SINGLE_COPY_BYTES), reducescatter takes the ring. Their row counts always travel through it.
 SHM_COLLECTIVE_MAX_BYTES = 1 << 20
+# reducescatter's input goes through the segment's buffers up to this many bytes, the ring
+# above: its copy in and L1-blocked reduce out beat the ring at 2 and 8 MiB of input and lost
+# at 32 MiB by 2x (BENCHMARKS.md, issue 18, the other collectives at 1 and 16 MiB).
+SHM_REDUCESCATTER_MAX_BYTES = 8 << 20
 # Where the ranks may copy between their memories (Cross Memory Attach), allgather and
 # alltoall from SHM_SINGLE_COPY_BYTES moved between the ranks, and allreduce from
 # SHM_ALLREDUCE_SINGLE_COPY_BYTES, copy straight between the ranks' buffers instead of through

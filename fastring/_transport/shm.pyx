@@ -58,11 +58,18 @@ from .._core.errors import FastringError
 import os
 import secrets
 
+import numpy as np
+
+cimport numpy as cnp
+
+cnp.import_array()
+
 cdef extern from "<fcntl.h>" nogil:
     int posix_fallocate(int fd, off_t offset, off_t length)
 
 cdef extern from "<sched.h>" nogil:
     int sched_yield()
+    int sched_getcpu()
 
 cdef extern from "<stdlib.h>" nogil:
     void* aligned_alloc(size_t alignment, size_t size)
@@ -97,6 +104,7 @@ cdef extern from *:
 DEF LINE = 128          # bytes per sequence word: no two ranks' words share a prefetched pair of lines
 DEF PAGE = 4096
 DEF PURE_SPINS = 2048   # loads before a wait reads the clock (and, oversubscribed, yields)
+DEF CPU_WORD = 3       # in a rank's sequence line: the core it last arrived from (1, 2: allgather counts)
 DEF SUB_BYTES = 32768   # the reduction's unit: a piece copied and reduced while in L1
 
 cdef double _CYCLE_SPIN = WAIT_CYCLE_SPIN_SECONDS
@@ -254,18 +262,25 @@ cdef class SharedSegment:
         """Bump this rank's counter and wait until every rank's has reached it. Calls
         `hook(partner, seconds waited)` every `interval` seconds (0: never) while waiting."""
         self.seq += 1
+        # Where this rank runs, beside its counter: a peer that waits for it and finds it was
+        # last on the peer's own core yields at once, since it cannot arrive while the peer
+        # spins there (spinning first cost about 200 us a barrier in that state).
+        cdef uint64_t cpu = <uint64_t> sched_getcpu()
+        self._word(self.rank)[CPU_WORD] = cpu
         fr_store(self._word(self.rank), self.seq)
         cdef uint64_t target = self.seq
         cdef int r = 0, n = self.size
         cdef long tries = 0
         cdef double start = 0, t, next_report = 0, pause_s = 0
+        cdef bint shared
         while True:
             while r < n and fr_load(self._word(r)) >= target:
                 r += 1
             if r == n:
                 return 0
             tries += 1
-            if tries < PURE_SPINS:
+            shared = self._word(r)[CPU_WORD] == cpu
+            if tries < PURE_SPINS and not shared:
                 fr_relax()
                 continue
             t = now()
@@ -273,7 +288,7 @@ cdef class SharedSegment:
                 start, next_report = t, t + interval
                 continue
             if t - start < spin:
-                if self.oversubscribed or t - start > _HOT_SPIN:
+                if self.oversubscribed or shared or t - start > _HOT_SPIN:
                     sched_yield()  # the peer we wait for may be waiting for this core
                 continue
             pause_s = back_off(pause_s, t - start)
@@ -566,13 +581,82 @@ cdef class SharedSegment:
         if err:
             self._raise_copy_error(err)
 
+    def allgather_rows(self, uintptr_t src, int64_t rows, int64_t row_bytes, object allocate):
+        """An allgather whose row counts travel with the data: rank r contributes `rows`
+        rows of `row_bytes` bytes at `src` (C-contiguous), every rank learns every rank's
+        count in the barrier of the first data round, calls `allocate(counts)` (an int64
+        array, rows per rank) for a C-contiguous result of sum(counts) rows, and receives
+        every rank's rows there in rank order; returns (counts, the result). One barrier
+        fewer than exchanging the counts first. The first round stages each rank's rows in its
+        buffer unless they alone would go by single copy (SHM_SINGLE_COPY_BYTES): below that
+        threshold in all, every rank has staged; from it on, the single-copy path runs and the
+        staged bytes are not used."""
+        self._check()
+        cdef int n = self.size, me = self.rank, r
+        cdef int64_t mine = rows * row_bytes
+        cdef bint staged = not self._single_copy(mine, self.single_copy_bytes)
+        cdef uint64_t round_ = self.data_rounds
+        self.data_rounds += 1
+        cdef int err = 0
+        cdef int64_t most = 0, total = 0
+        cdef int64_t[::1] c, b, d, bd
+        cdef uintptr_t dst
+        try:
+            with nogil:
+                # Beside the sequence word, one count slot per buffer parity: a rank cannot
+                # write round k+2's before every rank has passed round k+1's barrier.
+                self._word(me)[1 + (round_ & 1)] = <uint64_t> rows
+                if staged and mine:
+                    memcpy(self._data(me, round_), <char*> src, min(self.tile, mine))
+                self._data_arrive()
+            counts = np.empty(n, np.int64)
+            c = counts
+            for r in range(n):
+                c[r] = <int64_t> self._word(r)[1 + (round_ & 1)]
+            out = allocate(counts)
+            dst = <uintptr_t> cnp.PyArray_DATA(out)
+            # bytes from each rank, then where they land (C loops: NumPy calls on these few
+            # numbers cost more than the barrier)
+            bd = np.empty(2 * n, np.int64)
+            b = bd[:n]
+            d = bd[n:]
+            for r in range(n):
+                b[r] = c[r] * row_bytes
+                d[r] = total
+                most = max(most, b[r])
+                total += b[r]
+            with nogil:
+                if mine and <char*> dst + d[me] != <char*> src:
+                    memcpy(<char*> dst + d[me], <char*> src, mine)
+                if self._single_copy(total, self.single_copy_bytes):
+                    for r in range(n):
+                        self._table(me)[1 + r] = src
+                        self._table(me)[1 + n + r] = dst + d[r]
+                    err = self._single_copy_moves(&b[0], True)
+                else:
+                    for r in range(n):
+                        if r != me and b[r]:
+                            memcpy(<char*> dst + d[r], self._data(r, round_), min(self.tile, b[r]))
+                    self._gather_rounds(<char*> src, <char*> dst, &b[0], &d[0], most, self.tile)
+        except BaseException:
+            self._failed()
+            raise
+        if err:
+            self._raise_copy_error(err)
+        return counts, out
+
     cdef int _gatherv(self, char* src, char* dst, const int64_t* counts, const int64_t* displs,
                       int64_t most) except -1 nogil:
+        if counts[self.rank] and dst + displs[self.rank] != src:
+            memcpy(dst + displs[self.rank], src, counts[self.rank])
+        return self._gather_rounds(src, dst, counts, displs, most, 0)
+
+    cdef int _gather_rounds(self, char* src, char* dst, const int64_t* counts, const int64_t* displs,
+                            int64_t most, int64_t lo) except -1 nogil:
+        """The data rounds of a gatherv from byte `lo` of every rank's piece on."""
         cdef int n = self.size, me = self.rank, r
-        cdef int64_t lo = 0, piece
+        cdef int64_t piece
         cdef uint64_t round_
-        if counts[me] and dst + displs[me] != src:
-            memcpy(dst + displs[me], src, counts[me])
         while lo < most:
             round_ = self.data_rounds
             self.data_rounds += 1
@@ -632,13 +716,96 @@ cdef class SharedSegment:
             raise ValueError(f"a {self.tile}-byte buffer cannot hold a piece for each of {self.size} ranks")
         return width
 
+    def alltoall_rows(self, uintptr_t src, const int64_t[::1] send_rows, int64_t row_bytes, object allocate):
+        """An alltoall whose row counts travel with the data: this rank sends send_rows[j]
+        consecutive rows of `row_bytes` bytes from `src` (C-contiguous) to rank j; every rank
+        learns the whole matrix of row counts in the barrier of the first data round (each
+        rank's row heads its buffer), calls `allocate(received rows per rank)` for a
+        C-contiguous result and receives every rank's rows there in rank order; returns (the
+        rows received from each rank, the result). One barrier fewer than exchanging the counts
+        first. What goes through the buffers and what by single copy is decided as in
+        `allgather_rows`, on the bytes this rank sends to the others."""
+        self._check()
+        cdef int n = self.size, me = self.rank, r, j
+        if send_rows.shape[0] != n:
+            raise ValueError(f"send_rows needs {n} entries, got {send_rows.shape[0]}")
+        cdef int64_t head = _align(8 * n, 64), width = self._width(1)
+        cdef int64_t first = (self.tile - head) // n // 64 * 64
+        if first <= 0:
+            raise ValueError(f"a {self.tile}-byte buffer cannot hold a piece for each of {n} ranks")
+        cdef int64_t[::1] sd = np.empty(n + 1, np.int64)
+        cdef int64_t mine = 0, most = 0, total = 0
+        sd[0] = 0
+        for j in range(n):
+            sd[j + 1] = sd[j] + send_rows[j] * row_bytes
+            if j != me:
+                mine += send_rows[j] * row_bytes
+        cdef bint staged = not self._single_copy(mine, self.single_copy_bytes)
+        cdef uint64_t round_ = self.data_rounds
+        self.data_rounds += 1
+        cdef int err = 0
+        cdef char* buf
+        cdef int64_t[:, ::1] b
+        cdef int64_t[::1] rd, got
+        cdef uintptr_t dst
+        try:
+            with nogil:
+                buf = self._data(me, round_)
+                for j in range(n):
+                    (<int64_t*> buf)[j] = send_rows[j]
+                    if staged and j != me and sd[j + 1] > sd[j]:
+                        memcpy(buf + head + j * first, <char*> src + sd[j], min(first, sd[j + 1] - sd[j]))
+                self._data_arrive()
+            received = np.empty(n, np.int64)
+            got = received
+            b = np.empty((n, n), np.int64)  # bytes from rank r to rank j
+            rd = np.empty(n, np.int64)
+            for r in range(n):
+                got[r] = (<int64_t*> self._data(r, round_))[me]
+                for j in range(n):
+                    b[r, j] = (<int64_t*> self._data(r, round_))[j] * row_bytes
+                    if r != j:
+                        most = max(most, b[r, j])
+                        total += b[r, j]
+            out = allocate(received)
+            dst = <uintptr_t> cnp.PyArray_DATA(out)
+            rd[0] = 0
+            for r in range(1, n):
+                rd[r] = rd[r - 1] + b[r - 1, me]
+            with nogil:
+                if b[me, me]:
+                    memcpy(<char*> dst + rd[me], <char*> src + sd[me], b[me, me])
+                if self._single_copy(total, self.single_copy_bytes):
+                    for r in range(n):
+                        self._table(me)[1 + r] = src + sd[r]
+                        self._table(me)[1 + n + r] = dst + rd[r]
+                    err = self._single_copy_moves(&b[0, 0], False)
+                else:
+                    for r in range(n):
+                        if r != me and b[r, me]:
+                            memcpy(<char*> dst + rd[r], self._data(r, round_) + head + me * first,
+                                   min(first, b[r, me]))
+                    self._alltoall_rounds(<char*> src, &b[0, 0], &sd[0], <char*> dst, &rd[0], most, width, first)
+        except BaseException:
+            self._failed()
+            raise
+        if err:
+            self._raise_copy_error(err)
+        return received, out
+
     cdef int _alltoallv(self, char* src, const int64_t* counts, const int64_t* sdispls, char* dst,
                         const int64_t* rdispls, int64_t most, int64_t width) except -1 nogil:
-        cdef int n = self.size, me = self.rank, r, j
-        cdef int64_t lo = 0, piece
-        cdef uint64_t round_
+        cdef int me = self.rank, n = self.size
         if counts[me * n + me]:
             memcpy(dst + rdispls[me], src + sdispls[me], counts[me * n + me])
+        return self._alltoall_rounds(src, counts, sdispls, dst, rdispls, most, width, 0)
+
+    cdef int _alltoall_rounds(self, char* src, const int64_t* counts, const int64_t* sdispls, char* dst,
+                              const int64_t* rdispls, int64_t most, int64_t width, int64_t lo) except -1 nogil:
+        """The data rounds of an alltoallv from byte `lo` of every piece on."""
+        cdef int n = self.size, me = self.rank, r, j
+        cdef int64_t piece
+        cdef uint64_t round_
         while lo < most:
             round_ = self.data_rounds
             self.data_rounds += 1
@@ -681,7 +848,8 @@ cdef class SharedSegment:
     cdef int _reduce_scatter(self, char* src, const int64_t* offsets, char* dst, reduce_fn_t reduce,
                              int64_t itemsize, int64_t most, int64_t width) except -1 nogil:
         cdef int n = self.size, me = self.rank, r, j
-        cdef int64_t lo = 0, piece
+        cdef int64_t lo = 0, piece, off, k
+        cdef int64_t sub = SUB_BYTES // itemsize * itemsize if SUB_BYTES >= itemsize else itemsize
         cdef uint64_t round_
         cdef char* out
         while lo < most:
@@ -693,15 +861,19 @@ cdef class SharedSegment:
                     memcpy(self._data(me, round_) + j * width, src + offsets[j] + lo, piece)
             self._data_arrive()
             piece = min(width, offsets[me + 1] - offsets[me] - lo)
-            if piece > 0:
-                out = dst + lo
+            # In L1-sized pieces, each copied and then reduced into while still in cache.
+            off = 0
+            while off < piece:
+                k = min(sub, piece - off)
+                out = dst + lo + off
                 if me == 0:
-                    memcpy(out, src + offsets[me] + lo, piece)
+                    memcpy(out, src + offsets[me] + lo + off, k)
                 else:
-                    memcpy(out, self._data(0, round_) + me * width, piece)
+                    memcpy(out, self._data(0, round_) + me * width + off, k)
                 for r in range(1, n):
-                    reduce(out, src + offsets[me] + lo if r == me
-                           else self._data(r, round_) + me * width, piece // itemsize)
+                    reduce(out, src + offsets[me] + lo + off if r == me
+                           else self._data(r, round_) + me * width + off, k // itemsize)
+                off += k
             lo += width
         return 0
 

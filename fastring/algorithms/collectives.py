@@ -2,19 +2,22 @@
 has agreed that every rank runs them.
 
 - allgather: dim-0 sizes are gathered first, then the ring (`ring_allgather`) circulates the
-  rows: (N-1)/N of the result's bytes cross each link once.
+  rows: (N-1)/N of the result's bytes cross each link once. Through the shared segment the
+  sizes travel in the first data round's barrier instead (`allgather_concat`).
 - broadcast: when every rank is on one host, large messages are copied straight between
   the ranks' memories (`single_copy_broadcast`): the root writes the leading part of the
   bytes into each rank while every rank reads the rest, so the root copies too instead of
   waiting. Otherwise a binomial tree for small messages and on two ranks; above that a
   chain, pipelined in segments, whose time hardly grows with N.
-- alltoall: the row counts are exchanged first, then N-1 pairwise exchange steps.
+- alltoall: the row counts are exchanged first, then N-1 pairwise exchange steps; through
+  the shared segment they travel in the first data round's barrier.
 - reducescatter: a ring reduce-scatter that receives partial results straight into scratch
   and reduces this rank's input into them, so the input is neither copied nor modified and
   the last step lands in the result.
 
 When every rank runs on this host with the shared segment mapped (`rt.shm`), the data of all
-four go through it up to SHM_COLLECTIVE_MAX_BYTES; where the ranks may copy between their
+four go through it up to SHM_COLLECTIVE_MAX_BYTES (reducescatter's up to
+SHM_REDUCESCATTER_MAX_BYTES); where the ranks may copy between their
 memories, allgather and alltoall at every size (from SHM_SINGLE_COPY_BYTES the segment copies
 straight between the ranks' buffers: fastring/_transport/shm.pyx), broadcast only below
 SHM_COLLECTIVE_MAX_BYTES (the single-copy broadcast from there).
@@ -32,7 +35,7 @@ import numpy as np
 from .. import kernels
 from .._core import pool as _pool
 from .._core.config import (BROADCAST_CHAIN_BYTES, BROADCAST_SEGMENT_BYTES, BROADCAST_SINGLE_COPY_BYTES,
-                            SHM_COLLECTIVE_MAX_BYTES)
+                            SHM_COLLECTIVE_MAX_BYTES, SHM_REDUCESCATTER_MAX_BYTES)
 from .._core.dtypes import spec_of
 from .._core.ops import KERNEL_OP, ReduceOp
 from .._core.work import AllreduceWork, finalizer, predivides, prescale, split_for_average, unpack
@@ -94,6 +97,21 @@ def allgather_rows(rt, src: np.ndarray, counts: np.ndarray, out: np.ndarray) -> 
         # quick to write the next time it is handed out (see Transport.ring_allgather).
         own = array_address(src) if src.size and is_c_contiguous(src) else 0
         rt.transport.ring_allgather(array_address(out), offsets, own=own)
+
+
+def allgather_concat(rt, arr: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Every rank's rows of `arr` concatenated in rank order, in a pooled buffer, and the
+    rows that came from each rank. Where the segment takes allgathers at every size, the row
+    counts travel in the data round's barrier (`SharedSegment.allgather_rows`); otherwise
+    they are gathered first."""
+    if rt.size > 1 and rt.shm is not None and rt.transport.single_copy:
+        src = arr if is_c_contiguous(arr) else np.ascontiguousarray(arr)
+        return rt.shm.allgather_rows(array_address(src), src.shape[0], row_bytes(src),
+                                     lambda counts: _pool.empty((int(counts.sum()),) + arr.shape[1:], arr.dtype))
+    counts = gather_counts(rt, arr.shape[0])
+    out = _pool.empty((int(counts.sum()),) + arr.shape[1:], arr.dtype)
+    allgather_rows(rt, arr, counts, out)
+    return counts, out
 
 
 def _through_segment(rt, nbytes: int, single_copy: bool = True) -> bool:
@@ -197,6 +215,12 @@ def alltoall_rows(rt, arr: np.ndarray, send_rows: np.ndarray) -> tuple[np.ndarra
     """Send send_rows[r] consecutive rows of `arr` to rank r; return (the rows received, in
     rank order, and how many came from each rank)."""
     unit_bytes = row_bytes(arr)
+    if rt.size > 1 and rt.shm is not None and rt.transport.single_copy:
+        # the row counts travel in the data round's barrier (SharedSegment.alltoall_rows)
+        src = arr if is_c_contiguous(arr) else np.ascontiguousarray(arr[:int(send_rows.sum())])
+        recv_rows, out = rt.shm.alltoall_rows(array_address(src), send_rows, unit_bytes,
+                                              lambda rows: _pool.empty((int(rows.sum()),) + arr.shape[1:], arr.dtype))
+        return out, recv_rows
     if rt.shm is not None:  # every rank learns every rank's row counts
         matrix = gather_counts(rt, send_rows)
         recv_rows = np.ascontiguousarray(matrix[:, rt.rank])
@@ -241,7 +265,7 @@ def reduce_scatter_rows(rt, arr: np.ndarray, work: AllreduceWork, counts: np.nda
         prescale(work, src.reshape(-1), rt.size)
     elif not is_c_contiguous(arr):
         src = np.ascontiguousarray(arr)
-    if offsets[-1] and _through_segment(rt, int(offsets[-1]), single_copy=False):
+    if offsets[-1] and rt.shm is not None and offsets[-1] <= SHM_REDUCESCATTER_MAX_BYTES:
         rt.shm.reduce_scatter(array_address(src), offsets, array_address(out),
                               kernels.reduce_cfunc(KERNEL_OP[op], spec.dtype), itemsize)
     elif offsets[-1]:

@@ -27,7 +27,7 @@ from .._core.work import AllreduceWork
 from .._transport import is_c_contiguous
 from ..algorithms import broadcast_bytes, chunk_offsets
 from ..algorithms.adasum import ADASUM_DTYPES, adasum_allreduce as _adasum
-from ..algorithms.collectives import (allgather_rows, alltoall_rows, byte_offsets, gather_counts,
+from ..algorithms.collectives import (allgather_concat, allgather_rows, alltoall_rows, byte_offsets, gather_counts,
                                       reduce_scatter_rows, row_bytes)
 from ..engine import Engine, Handle, Request
 from .process_sets import runtime_of, set_rank
@@ -75,9 +75,7 @@ def _allgather_request(tensor, name, process_set) -> tuple[Engine, Request]:
     arr, spec = _rows_array(tensor, "allgather")
 
     def execute(rt: Runtime):
-        counts = gather_counts(rt, arr.shape[0])
-        out = _pool.empty((int(counts.sum()),) + arr.shape[1:], arr.dtype)
-        allgather_rows(rt, arr, counts, out)
+        _, out = allgather_concat(rt, arr)
         return like(tensor, out)
 
     fields = (("dtype", spec.name), ("trailing_shape", arr.shape[1:]), ("device", "cpu"))

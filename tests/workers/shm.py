@@ -136,6 +136,80 @@ def collectives_loops(tag, large):
     c.check_close(f"reduce_scatter {tag} input", values, inputs[R], 0)
 
 
+def counted_allgathers(tag):
+    """allgather through the API, the row counts travelling in the data round's barrier
+    (SharedSegment.allgather_rows): every dtype; uneven rows with one rank sending none;
+    every rank sending none; a non-contiguous input; rows past one buffer per rank in rounds
+    (the threshold raised); and, the threshold lowered, one rank whose rows it staged in its
+    buffer alone below the threshold while the call as a whole goes by single copy."""
+    for k, dt in enumerate(c.DTYPES):
+        rows = [c.rank_input(dt, (3 * r + 1, 5), r, 70 + k) for r in range(N)]
+        c.check_close(f"allgather counted {dt} {tag}", fastring.allgather(rows[R], name=f"agc {dt}"),
+                      np.concatenate(rows), 0)
+    rows = [c.rank_input(np.dtype(np.int64), (0 if r == 1 else 1000 + 7 * r, 3), r, 80) for r in range(N)]
+    c.check_close(f"allgather counted zero rows {tag}", fastring.allgather(rows[R], name="agc zero"),
+                  np.concatenate(rows), 0)
+    got = fastring.allgather(np.zeros((0, 2), np.int32), name="agc none")
+    c.CHECKS.check(got.shape == (0, 2), f"allgather of no rows anywhere gave shape {got.shape}")
+    wide = [c.rank_input(np.dtype(np.int32), (200, 6), r, 81) for r in range(N)]
+    c.check_close(f"allgather counted strided {tag}", fastring.allgather(wide[R][:, ::2], name="agc strided"),
+                  np.concatenate([w[:, ::2] for w in wide]), 0)
+    saved = shm.single_copy_bytes
+    shm.single_copy_bytes = 1 << 40
+    big = [c.rank_input(np.dtype(np.int64), ((SHM_TILE_BYTES // 8 + 1000 * r + 3) // 2, 2), r, 82) for r in range(N)]
+    c.check_close(f"allgather counted rounds {tag}", fastring.allgather(big[R], name="agc rounds"),
+                  np.concatenate(big), 0)
+    shm.single_copy_bytes = 1 << 20
+    mixed = [c.rank_input(np.dtype(np.int64), (1000 if r == 0 else 40_000 + 100 * r, 4), r, 83) for r in range(N)]
+    c.check_close(f"allgather counted mixed {tag}", fastring.allgather(mixed[R], name="agc mixed"),
+                  np.concatenate(mixed), 0)
+    shm.single_copy_bytes = saved
+    # reducescatter through the segment's buffers past SHM_COLLECTIVE_MAX_BYTES (up to
+    # SHM_REDUCESCATTER_MAX_BYTES): exact integers, rows that do not divide among the ranks,
+    # more than one round per rank (a part wider than a buffer's share)
+    rows = SHM_TILE_BYTES // 16 + N + 1
+    xs = [c.rank_input(np.dtype(np.int32), (rows, 4), r, 84) for r in range(N)]
+    whole = sum(x.astype(np.int64) for x in xs).astype(np.int32)
+    bounds = np.cumsum([0] + [rows // N + (1 if r < rows % N else 0) for r in range(N)])
+    c.check_close(f"reducescatter through the segment {tag}",
+                  fastring.reducescatter(xs[R], op=fastring.Sum, name="rs segment"), whole[bounds[R]:bounds[R + 1]], 0)
+
+
+def counted_alltoall(rows_to, dtype, seed, name, strided=False):
+    """fastring.alltoall with splits, rank r sending rows_to(r, j) rows of width 3 to rank j,
+    checked against every rank's input rebuilt here."""
+    inputs = [c.rank_input(dtype, (sum(rows_to(r, j) for j in range(N)), 6 if strided else 3), r, seed)
+              for r in range(N)]
+    if strided:
+        inputs = [x[:, ::2] for x in inputs]
+    got, received = fastring.alltoall(inputs[R], splits=[rows_to(R, j) for j in range(N)], name=name)
+    starts = [np.cumsum([0] + [rows_to(r, j) for j in range(N)]) for r in range(N)]
+    c.check_close(name, got, np.concatenate([inputs[r][starts[r][R]:starts[r][R + 1]] for r in range(N)]), 0)
+    c.check_close(name + " splits", received, np.array([rows_to(r, R) for r in range(N)]), 0)
+
+
+def counted_alltoalls(tag):
+    """alltoall through the API, the row counts travelling in the data round's barrier
+    (SharedSegment.alltoall_rows): every dtype with uneven splits; one pair sending nothing;
+    nothing sent at all; a non-contiguous input; pieces past one buffer in rounds (the
+    threshold raised); and, the threshold lowered, one rank that staged its small pieces while
+    the call goes by single copy."""
+    for k, dt in enumerate(c.DTYPES):
+        counted_alltoall(lambda r, j: 2 * r + j + 1, dt, 90 + k, f"alltoall counted {dt} {tag}")
+    counted_alltoall(lambda r, j: 0 if (r, j) == (0, N - 1) else 50 + r, np.dtype(np.int64), 100,
+                     f"alltoall counted zero pair {tag}")
+    counted_alltoall(lambda r, j: 0, np.dtype(np.int32), 101, f"alltoall counted nothing {tag}")
+    counted_alltoall(lambda r, j: 30 + 5 * j + r, np.dtype(np.int32), 102, f"alltoall counted strided {tag}", True)
+    saved = shm.single_copy_bytes
+    shm.single_copy_bytes = 1 << 40
+    counted_alltoall(lambda r, j: SHM_TILE_BYTES // N // 24 + 1000 * j + 7 * r, np.dtype(np.int64), 103,
+                     f"alltoall counted rounds {tag}")
+    shm.single_copy_bytes = 1 << 20
+    counted_alltoall(lambda r, j: 100 if r == 0 else 60_000 + 10 * j, np.dtype(np.int64), 104,
+                     f"alltoall counted mixed {tag}")
+    shm.single_copy_bytes = saved
+
+
 shm = rt.shm
 sum_f64 = kernels.reduce_cfunc(KERNEL_OP[fastring.Sum], np.dtype(np.float64))
 sum_f32 = kernels.reduce_cfunc(KERNEL_OP[fastring.Sum], np.dtype(np.float32))
@@ -145,6 +219,8 @@ shm.allreduce_single_copy_bytes = shm.single_copy_bytes = 1 << 20
 dtypes_and_ops(c.DTYPES, lambda dt: (SHM_ONE_STEP_BYTES // dt.itemsize - 1,
                                      2 * SHM_SINGLE_COPY_CHUNK_BYTES // dt.itemsize + N + 1), "single copy")
 collectives_loops("single copy", 1 << 20)
+counted_allgathers("single copy")
+counted_alltoalls("single copy")
 # and through the API: allgather of uneven row counts, alltoall with splits
 rows = [c.rank_input(np.dtype(np.int64), (40_000 + 1000 * r, 4), r, 50) for r in range(N)]
 got = fastring.allgather(rows[R], name="ag single copy")
