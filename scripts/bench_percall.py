@@ -27,7 +27,7 @@ import numpy as np
 from mpi4py import MPI
 
 import fastring
-from bench_shm import compare, grouped_row
+from bench_shm import compare, grouped_row, report
 from fastring.tools.bench import format_bytes
 
 TENSORS = 100     # tensors per async batch
@@ -121,20 +121,16 @@ def main() -> None:
     fastring.init()
     comm = MPI.COMM_WORLD
     rows = small_rows(comm) + [grouped_row(comm)] + torch_rows(comm)
-    if comm.Get_rank() == 0:
-        from fastring._core.runtime import runtime
-        print(f"# np={comm.Get_size()} shm={'on' if runtime().shm is not None else 'off'}")
-        for r in rows:
-            if "ratio" in r:
-                print(f"{r['what']:<52} {format_bytes(r['bytes']):>8} barrier={'yes' if r['barrier'] else 'no':<3} "
-                      f"fastring {r['fastring_us']:9.1f} us  MPI {r['mpi_us']:9.1f} us  ratio {r['ratio']:5.2f}")
-            else:
-                print(f"{r['what']:<52} {format_bytes(r['bytes']):>8} torch {r['torch_us']:6.2f} us/tensor  "
-                      f"numpy {r['numpy_us']:6.2f} us/tensor")
-        if args.json:
-            with open(args.json, "w") as f:
-                json.dump(rows, f, indent=1)
+    report(comm, rows, args.json, line)
 
+
+def line(r: dict) -> str:
+    """One row of this script's output."""
+    if "ratio" in r:
+        return (f"{r['what']:<52} {format_bytes(r['bytes']):>8} barrier={'yes' if r['barrier'] else 'no':<3} "
+                f"fastring {r['fastring_us']:9.1f} us  MPI {r['mpi_us']:9.1f} us  ratio {r['ratio']:5.2f}")
+    return (f"{r['what']:<52} {format_bytes(r['bytes']):>8} torch {r['torch_us']:6.2f} us/tensor  "
+            f"numpy {r['numpy_us']:6.2f} us/tensor")
 
 if __name__ == "__main__":
     main()

@@ -217,23 +217,36 @@ def main() -> None:
     rows += collective_rows(comm, [parse_bytes(s) for s in args.collectives.split(",") if s])
     if not args.no_floor:
         rows.append(floor_row(comm))
-    if comm.Get_rank() == 0:
-        from fastring._core.runtime import runtime
-        print(f"# np={comm.Get_size()} shm={'on' if runtime().shm is not None else 'off'}")
-        print(f"{'what':<32} {'bytes':>8} {'barrier':>7} {'fastring us':>12} {'MPI us':>10} {'ratio':>6}")
-        for r in rows:
-            if "percent" in r:
-                print(f"{r['what']:<32} {format_bytes(r['bytes']):>8} {'':>7} {r['fastring_us']:>12.1f} "
-                      f"{r['copy_us']:>10.1f} {r['percent']:>5.0f}%  (busbw {r['busbw_GBps']:.2f} GB/s, "
-                      f"floor {r['floor_GBps']:.2f} GB/s)")
-            else:
-                floor = (f"  (floor {r['floor_us']:.1f} us: fastring {r['fastring_floor_pct']:.0f}%, "
-                         f"MPI {r['mpi_floor_pct']:.0f}% of it)" if "floor_us" in r else "")
-                print(f"{r['what']:<32} {format_bytes(r['bytes']):>8} {'yes' if r['barrier'] else 'no':>7} "
-                      f"{r['fastring_us']:>12.1f} {r['mpi_us']:>10.1f} {r['ratio']:>6.2f}{floor}")
-        if args.json:
-            with open(args.json, "w") as f:
-                json.dump(rows, f, indent=1)
+    report(comm, rows, args.json, line, f"{'what':<32} {'bytes':>8} {'barrier':>7} {'fastring us':>12} "
+                                        f"{'MPI us':>10} {'ratio':>6}")
+
+
+def line(r: dict) -> str:
+    """One row of this script's output."""
+    if "percent" in r:
+        return (f"{r['what']:<32} {format_bytes(r['bytes']):>8} {'':>7} {r['fastring_us']:>12.1f} "
+                f"{r['copy_us']:>10.1f} {r['percent']:>5.0f}%  (busbw {r['busbw_GBps']:.2f} GB/s, "
+                f"floor {r['floor_GBps']:.2f} GB/s)")
+    floor = (f"  (floor {r['floor_us']:.1f} us: fastring {r['fastring_floor_pct']:.0f}%, "
+             f"MPI {r['mpi_floor_pct']:.0f}% of it)" if "floor_us" in r else "")
+    return (f"{r['what']:<32} {format_bytes(r['bytes']):>8} {'yes' if r['barrier'] else 'no':>7} "
+            f"{r['fastring_us']:>12.1f} {r['mpi_us']:>10.1f} {r['ratio']:>6.2f}{floor}")
+
+
+def report(comm, rows: list[dict], json_path: str | None, line, header: str | None = None) -> None:
+    """On rank 0: the job's shape, `line(row)` for every row, and the rows as JSON to
+    `json_path` (what --summarize reads)."""
+    if comm.Get_rank() != 0:
+        return
+    from fastring._core.runtime import runtime
+    print(f"# np={comm.Get_size()} shm={'on' if runtime().shm is not None else 'off'}")
+    if header:
+        print(header)
+    for r in rows:
+        print(line(r))
+    if json_path:
+        with open(json_path, "w") as f:
+            json.dump(rows, f, indent=1)
 
 
 if __name__ == "__main__":

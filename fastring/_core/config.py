@@ -62,7 +62,8 @@ SHM_ONE_STEP_BYTES = 256 * 1024
 # there the MPI round trips it saves dominate. Above it the segment's two copies (in, out)
 # lost to MPI's own large-message transfers and to the single-copy broadcast, at 16 MiB by
 # 2-3x (BENCHMARKS.md, issue 18); allgather, broadcast and alltoall go by single copy through
-# the segment instead where they may (SHM_SINGLE_COPY_BYTES), reducescatter takes the ring. Their row counts always travel through it.
+# the segment instead where they may (SHM_SINGLE_COPY_BYTES), reducescatter takes the ring.
+# Their row counts always travel through it.
 SHM_COLLECTIVE_MAX_BYTES = 1 << 20
 # reducescatter's input goes through the segment's buffers up to this many bytes, the ring
 # above: its copy in and L1-blocked reduce out beat the ring at 2 and 8 MiB of input and lost
@@ -77,7 +78,7 @@ SHM_REDUCESCATTER_MAX_BYTES = 8 << 20
 # times a memcpy per byte on this kind of VM, so they switch only where the rounds' barriers
 # cost more: up to one buffer (SHM_TILE_BYTES: one round) the segment's buffers were faster,
 # and the allreduce switches at four rounds: there it was the faster, at 4-8 MiB the slower
-# (BENCHMARKS.md, issue 18, round 2, session 3). Broadcasts from SHM_COLLECTIVE_MAX_BYTES take
+# (BENCHMARKS.md, issue 18, large messages). Broadcasts from SHM_COLLECTIVE_MAX_BYTES take
 # the single-copy broadcast instead, which splits the bytes between the root and the readers
 # by their measured speeds and beat both claimed chunks and the segment's buffers.
 SHM_SINGLE_COPY_BYTES = SHM_TILE_BYTES
@@ -92,10 +93,10 @@ SHM_HOT_SPIN_SECONDS = 50e-6
 # cache (16,384 entries: 4 KiB) and SMALL_MESSAGE_BYTES of payload.
 SHM_CYCLE_BYTES = 80 * 1024
 # A tensor of at least this many bytes is never fused: it is reduced alone, where it lies. Its
-# copies into the fusion buffer and back cost more than a call of its own (at np=2 on one
-# host the gradients of a 24M-parameter MLP took 58-62 ms fused, 30 ms each alone;
-# BENCHMARKS.md, issue 18 round 2 session 3), and at this size a call's fixed cost is a few
-# percent of its time on every path.
+# copies into the fusion buffer and back cost more than a call of its own (a 24M-parameter
+# MLP's gradients took twice as long fused as alone: BENCHMARKS.md, issue 18, small messages
+# and the cost per call), and at this size a call's fixed cost is a few percent of its time
+# on every path.
 FUSION_MAX_TENSOR_BYTES = 1 << 20
 # Bytes per pipelined segment of the device ring: large enough that a copy costs far more than
 # its launch, small enough that the copies of one segment hide behind the exchange of the next.
