@@ -26,7 +26,7 @@ import numpy as np
 
 from .. import algorithms
 from ..algorithms import broadcast_bytes
-from ..algorithms.collectives import allgather_bytes, allgather_rows, gather_counts
+from ..algorithms.collectives import allgather_bytes, allgather_concat
 from .._core import pool as _pool
 from .._core.compression import Compression
 from .._core.config import FINALIZE_WAIT_SECONDS
@@ -570,9 +570,7 @@ class Engine:
             rows = np.empty((0,) + tuple(f["trailing_shape"]), spec.dtype)
 
             def execute(rt):
-                counts = gather_counts(rt, 0)
-                out = np.empty((int(counts.sum()),) + rows.shape[1:], spec.dtype)
-                allgather_rows(rt, rows, counts, out)
+                allgather_concat(rt, rows)  # the others' protocol, with no rows of its own
         elif kind == "broadcast":
             def execute(rt):
                 broadcast_bytes(rt, np.empty(f["shape"], spec.dtype), f["root_rank"])
