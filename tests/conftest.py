@@ -59,6 +59,24 @@ def run_ranks(n: int, worker: str, *args: str, env: dict | None = None, timeout:
     return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
 
 
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+FASTRING_RUN = os.path.join(os.path.dirname(sys.executable), "fastring-run")
+
+
+def run_script(script: Path, *args, env: dict | None = None) -> subprocess.CompletedProcess:
+    """`fastring-run -np 2 python script args`, as a user launches a training script (an
+    example, a Horovod script); fails the test with its output unless it exits 0.
+
+    Example:
+        proc = run_script(EXAMPLES / "jax_train.py", "--epochs", 4)
+        assert "replicas identical" in proc.stdout
+    """
+    proc = subprocess.run([FASTRING_RUN, "-np", "2", sys.executable, str(script), *map(str, args)],
+                          capture_output=True, text=True, timeout=300, env=dict(os.environ, **(env or {})))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return proc
+
+
 def _rest_of_output(proc: subprocess.Popen) -> tuple[str, str]:
     """All of a stopped job's output (communicate keeps what it read before the timeout); what
     was read so far if a process outside the job still holds the pipes open."""

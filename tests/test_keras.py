@@ -5,8 +5,6 @@ backend's error, Horovod's signatures and the doctests."""
 import inspect
 import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -14,12 +12,11 @@ import pytest
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 keras = pytest.importorskip("keras")
 
-from conftest import check_doctests  # noqa: E402
+from conftest import EXAMPLES, check_doctests, run_script  # noqa: E402
 import fastring.keras as hvd  # noqa: E402
 from fastring.keras import backend, callbacks, optimizer  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
-RUN = os.path.join(os.path.dirname(sys.executable), "fastring-run")
 
 
 @pytest.mark.parametrize("keras_backend,n", [("tensorflow", 1), ("tensorflow", 3), ("torch", 2)])
@@ -32,9 +29,7 @@ def test_horovod_keras_script_runs_with_only_the_import_changed():
     script = ROOT / "tests" / "workers" / "horovod_keras_script.py"
     text = script.read_text()
     assert "import fastring.keras as hvd" in text and "horovod" not in text.split("import fastring.keras")[1].split("\n")[0]
-    proc = subprocess.run([RUN, "-np", "2", sys.executable, str(script)], capture_output=True, text=True,
-                          timeout=300, env=dict(os.environ, KERAS_BACKEND="tensorflow"))
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+    proc = run_script(script, env={"KERAS_BACKEND": "tensorflow"})
     found = re.search(r"losses ([\d. ]+); identical (\d)", proc.stdout)
     assert found, proc.stdout
     losses = [float(x) for x in found.group(1).split()]
@@ -44,10 +39,7 @@ def test_horovod_keras_script_runs_with_only_the_import_changed():
 
 
 def test_example_trains_and_ends_with_identical_replicas():
-    proc = subprocess.run([RUN, "-np", "2", sys.executable, str(ROOT / "examples" / "keras_train.py"),
-                           "--epochs", "3"], capture_output=True, text=True, timeout=300,
-                          env=dict(os.environ, KERAS_BACKEND="tensorflow"))
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+    proc = run_script(EXAMPLES / "keras_train.py", "--epochs", 3, env={"KERAS_BACKEND": "tensorflow"})
     epochs = re.findall(r"epoch (\d): loss ([\d.]+) accuracy ([\d.]+)% lr ([\d.]+)", proc.stdout)
     assert [e for e, *_ in epochs] == ["1", "2", "3"], proc.stdout
     losses = [float(loss) for _, loss, _, _ in epochs]

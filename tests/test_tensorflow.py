@@ -4,21 +4,15 @@ fastring-run, and what one process can check (Horovod's signatures, doctests).""
 import inspect
 import os
 import re
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 tf = pytest.importorskip("tensorflow")
 
-from conftest import check_doctests  # noqa: E402
+from conftest import EXAMPLES, check_doctests, run_script  # noqa: E402
 import fastring.tensorflow as hvd  # noqa: E402
 from fastring.tensorflow import functions, gradient_tape, mpi_ops, tensors  # noqa: E402
-
-EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "tf_gradient_tape.py"
-
 
 @pytest.mark.parametrize("n", [1, 2, 3])
 def test_collectives_tape_and_errors(mpirun, n):
@@ -27,10 +21,7 @@ def test_collectives_tape_and_errors(mpirun, n):
 
 
 def test_example_trains_and_ends_with_identical_replicas():
-    run = os.path.join(os.path.dirname(sys.executable), "fastring-run")
-    proc = subprocess.run([run, "-np", "2", sys.executable, str(EXAMPLE), "--steps", "200"],
-                          capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+    proc = run_script(EXAMPLES / "tf_gradient_tape.py", "--steps", 200)
     losses = [float(x) for x in re.findall(r"steps \d+-\d+: mean loss ([\d.]+)", proc.stdout)]
     assert len(losses) == 4, proc.stdout
     assert losses[-1] < 0.6 * losses[0], proc.stdout   # it learns
