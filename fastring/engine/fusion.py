@@ -76,8 +76,8 @@ class Executor:
         work = batch[0].allreduce
         names = [r.name for r in batch]
         # every request of a batch shares the work's key: reduced in its own dtype, or not
-        same = work.accumulator == work.spec.dtype and not work.splits_average
-        sizes = [r.nbytes for r in batch] if same else [work.reduced_nbytes(r.nbytes) for r in batch]
+        in_own_dtype = work.accumulator == work.spec.dtype and not work.splits_average
+        sizes = [r.nbytes for r in batch] if in_own_dtype else [work.reduced_nbytes(r.nbytes) for r in batch]
         algorithm = algorithms.choose("allreduce", sum(sizes), work.reduced_spec, device=work.device,
                                       wire=work.compression.wire, rt=self.rt, setting=self.config.algorithm,
                                       may_ride_cycle=False)
@@ -111,7 +111,7 @@ class Executor:
         flat = self._fusion_view(sum(counts), accumulator)
         # A batch of plain tensors (the common case: gradients) packs in one call; one
         # pack() per tensor costs microseconds each in Python.
-        plain = (accumulator == work.spec.dtype and not work.splits_average and work.prescale == 1.0 and not predivides(work, self.rt.size)
+        plain = (in_own_dtype and work.prescale == 1.0 and not predivides(work, self.rt.size)
                  and not work.compression.error_feedback and all(len(r.allreduce.entries) == 1 for r in batch))
         with self.timeline.span(names, "pack"):
             if plain:
