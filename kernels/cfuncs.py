@@ -12,7 +12,7 @@ import numpy as np
 from numba import carray, cfunc, types
 
 from .ops import (HOST_WIRE_CODECS, SOURCE_FINGERPRINT, binary_op, element_type, kernel_op,
-                  reduce_step, wire_format, wire_steps)
+                  map_function, map_step, reduce_step, wire_format, wire_steps)
 
 _U16 = np.dtype(np.uint16)
 # key -> cfunc. Holding the object keeps its machine code, and so the address, alive.
@@ -52,6 +52,43 @@ def reduce_cfunc(op: Any, dtype: Any) -> int:
         kop, et = kernel_op(op), element_type(dtype)
         return _compile2(reduce_step(binary_op(kop, et), et.load, et.store), et.storage, et.storage)
     return _address(("reduce", op, dtype), build)
+
+
+def finish_cfunc(dtype: Any) -> int:
+    """Address of `void f(void* dst, int64 count, int64 divisor, float64 factor)`: what runs on
+    fully reduced data, in place: divide_into(divisor) unless it is 1, then
+    scale_into(factor) unless it is 1.0 -- the same bits as those two calls, element by
+    element, so a transport can finish each piece while it is in cache.
+
+    Example:
+        >>> import numpy as np
+        >>> finish_cfunc(np.float32) == finish_cfunc(np.float32) != 0
+        True
+    """
+    def build():
+        et = element_type(dtype)
+        div_fn, div_cast = map_function("divide", et)
+        scale_fn, scale_cast = map_function("scale", et)
+        divide = map_step(div_fn, div_cast, et.load, et.store)
+        scale = map_step(scale_fn, scale_cast, et.load, et.store)
+        storage = et.storage
+        fingerprint = SOURCE_FINGERPRINT
+
+        @cfunc(types.void(types.voidptr, types.int64, types.int64, types.float64), nopython=True,
+               cache=True, error_model="numpy")
+        def kernel(p, count, divisor, factor):
+            fingerprint  # noqa: B018 -- part of the cache key, see ops.SOURCE_FINGERPRINT
+            a = carray(p, count, storage)
+            if divisor != 1:
+                d = div_cast(divisor)  # cast once, not per element: the loop vectorizes
+                for i in range(count):
+                    divide(a, d, i)
+            if factor != 1.0:
+                f = scale_cast(factor)
+                for i in range(count):
+                    scale(a, f, i)
+        return kernel
+    return _address(("finish", dtype), build)
 
 
 def _compile_wire(step, s_bits, s_float):

@@ -3,9 +3,8 @@ shown (`Entry`), the reduction's parameters (`AllreduceWork`), and the arithmeti
 algorithm applies around the reduction (prescale, Average's division, postscale)."""
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
@@ -163,25 +162,27 @@ def unpack(work: AllreduceWork, flat: np.ndarray, size: int) -> np.ndarray:
     return mean
 
 
-@functools.lru_cache(maxsize=None)
-def divider(size: int) -> Callable[[np.ndarray], None]:
-    """Average's division by `size`, in place on a flat array."""
-    return lambda view: kernels.divide_into(view, size)
+@dataclass(frozen=True)
+class Finish:
+    """What runs on fully reduced data: divide by `divisor` (Average) unless it is 1, then
+    scale by `factor` (the postscale) unless it is 1.0. A transport that knows it can run
+    the same arithmetic on each piece where it is reduced (kernels.finish_cfunc)."""
+    divisor: int
+    factor: float
+
+    def __call__(self, view: np.ndarray) -> None:
+        if self.divisor != 1:
+            kernels.divide_into(view, self.divisor)
+        if self.factor != 1.0:
+            kernels.scale_into(view, self.factor)
 
 
-def finalizer(work: AllreduceWork, size: int) -> Callable[[np.ndarray], None] | None:
+def finalizer(work: AllreduceWork, size: int) -> Finish | None:
     """What runs on fully reduced data (Average's division, the postscale), or None (an
     integer Average finishes in `unpack`)."""
     if work.splits_average:
         return None
     divide = work.op == ReduceOp.Average and size > 1 and not predivides(work, size)
-    postscale = work.postscale
-    if not divide and postscale == 1.0:
+    if not divide and work.postscale == 1.0:
         return None
-
-    def finalize(view: np.ndarray) -> None:
-        if divide:
-            kernels.divide_into(view, size)
-        if postscale != 1.0:
-            kernels.scale_into(view, postscale)
-    return finalize
+    return Finish(size if divide else 1, work.postscale)

@@ -111,6 +111,9 @@ cdef double _CYCLE_SPIN = WAIT_CYCLE_SPIN_SECONDS
 cdef double _HOT_SPIN = SHM_HOT_SPIN_SECONDS
 
 
+ctypedef void (*finish_fn_t)(void* dst, int64_t count, int64_t divisor, double factor) noexcept nogil
+
+
 cdef inline int64_t _align(int64_t n, int64_t to) noexcept nogil:
     return (n + to - 1) // to * to
 
@@ -144,6 +147,11 @@ cdef class SharedSegment:
     cdef bint oversubscribed
     cdef TransportBase transport
     cdef object broken         # the error that left this rank out of step, or None
+    # The running allreduce's finish (kernels.finish_cfunc, or NULL) and its arguments: the
+    # rank that reduces a piece finishes it while it is in cache, before anyone copies it.
+    cdef finish_fn_t finish
+    cdef int64_t finish_divisor
+    cdef double finish_factor
 
     def __dealloc__(self):
         if self.base != NULL:
@@ -344,6 +352,10 @@ cdef class SharedSegment:
         raise FastringError(f"a copy between the ranks' memories failed ({os.strerror(err)}); "
                             "the result is incomplete, and such copies are off from now on")
 
+    cdef inline void _finish_piece(self, char* p, int64_t count) noexcept nogil:
+        if self.finish != NULL:
+            self.finish(p, count, self.finish_divisor, self.finish_factor)
+
     cdef int _gather_reduce(self, char* acc, char* src, int64_t at, int64_t nbytes, reduce_fn_t reduce,
                             int64_t itemsize) noexcept nogil:
         """acc = (rank 0's op rank 1's op ...) over the `nbytes` at byte `at` of every rank's
@@ -394,6 +406,8 @@ cdef class SharedSegment:
             # place before reducing it, so it accumulates in its scratch
             acc = self.scratch if src == dst and me != 0 else dst + at
             err = self._gather_reduce(acc, src, at, k, reduce, itemsize)
+            if not err:
+                self._finish_piece(acc, k // itemsize)
             if not err and acc != dst + at:
                 memcpy(dst + at, acc, k)
             r = 0
@@ -452,9 +466,12 @@ cdef class SharedSegment:
     # stall every round); only a slow wait's stall hook takes it.
 
     def allreduce(self, uintptr_t src, uintptr_t dst, int64_t nbytes, uintptr_t reduce_fn,
-                  int64_t itemsize, bint one_step):
+                  int64_t itemsize, bint one_step, uintptr_t finish_fn=0, int64_t divisor=1,
+                  double factor=1.0):
         """Allreduce `nbytes` at `src` into `dst` (may be `src`) with `reduce_fn`
-        (dst = dst op src, a reduction cfunc over `itemsize`-byte elements).
+        (dst = dst op src, a reduction cfunc over `itemsize`-byte elements), then, given
+        `finish_fn` (kernels.finish_cfunc of the dtype), finish every element with it
+        (Average's `divisor`, the postscale `factor`) where it was reduced, in cache.
 
         `one_step` (the message must fit in one buffer): every rank copies its input into its
         buffer, and after one barrier reduces all of them, in rank order, into `dst`: the
@@ -474,6 +491,8 @@ cdef class SharedSegment:
         if nbytes == 0:
             return
         cdef int err = 0
+        self.finish = <finish_fn_t> finish_fn
+        self.finish_divisor, self.finish_factor = divisor, factor
         try:
             with nogil:
                 if one_step:
@@ -499,6 +518,7 @@ cdef class SharedSegment:
         memcpy(dst, self._data(0, round_), nbytes)
         for r in range(1, self.size):
             reduce(dst, self._data(r, round_), nbytes // itemsize)
+        self._finish_piece(dst, nbytes // itemsize)
         return 0
 
     cdef int _rounds(self, char* src, char* dst, int64_t nbytes, reduce_fn_t reduce,
@@ -533,6 +553,7 @@ cdef class SharedSegment:
                 for r in range(n):
                     if r != me:
                         reduce(mine + off * itemsize, self._data(r, round_) + off * itemsize, k)
+                self._finish_piece(mine + off * itemsize, k)
                 memcpy(d + off * itemsize, mine + off * itemsize, k * itemsize)
                 off += k
             self._data_arrive()

@@ -5,6 +5,7 @@ from __future__ import annotations
 from .. import kernels
 from .._core.config import SHM_ONE_STEP_BYTES
 from .._core.ops import KERNEL_OP
+from .._core.work import Finish
 from .._transport import array_address
 from .base import Message, Reduction
 
@@ -36,8 +37,13 @@ class SharedMemory:
         reduce_fn = kernels.reduce_cfunc(KERNEL_OP[r.op], spec.dtype)
         itemsize = spec.dtype.itemsize
         one_step = flat.nbytes <= min(SHM_ONE_STEP_BYTES, shm.tile_bytes)
+        finish = r.finalize
         with r.phase("shm-allreduce"):
-            shm.allreduce(array_address(src), array_address(flat), flat.nbytes, reduce_fn, itemsize, one_step)
-            # Every rank finalizes the whole result, all alike: an extra pass over the data,
-            # but no callback into Python (and so no wait for the GIL) inside the loop.
-            r.finalize(flat)
+            if isinstance(finish, Finish):
+                # finished piece by piece by the rank that reduced it, while in cache
+                shm.allreduce(array_address(src), array_address(flat), flat.nbytes, reduce_fn, itemsize,
+                              one_step, kernels.finish_cfunc(spec.dtype), finish.divisor, finish.factor)
+            else:
+                shm.allreduce(array_address(src), array_address(flat), flat.nbytes, reduce_fn, itemsize,
+                              one_step)
+                finish(flat)

@@ -33,7 +33,7 @@ from .._core.config import FINALIZE_WAIT_SECONDS
 from .._core.dtypes import SUPPORTED, DtypeSpec
 from .._core.errors import FastringError
 from .._core.ops import ReduceOp
-from .._core.work import AllreduceWork, Entry, divider, finalizer, nothing, pack, predivides
+from .._core.work import AllreduceWork, Entry, Finish, finalizer, nothing, pack, predivides
 from .._transport import (SPECULATION_FAILED, copy_from_array, copy_to_array, exit_unless_gone_within,
                           is_c_contiguous, is_writable_c_contiguous)
 from .fusion import Executor
@@ -195,7 +195,7 @@ class Engine:
             if clean:
                 # as in execution, an error of the reduction itself is the caller's alone
                 result = _pool.empty(arr.shape, arr.dtype) if out is None else out
-                divide = divider(self.rt.size) if op == ReduceOp.Average and self.rt.size > 1 else nothing
+                divide = Finish(self.rt.size, 1.0) if op == ReduceOp.Average and self.rt.size > 1 else nothing
                 if small:
                     copy_to_array(result, self._neg.payload_address(words))
                     if divide is not nothing:

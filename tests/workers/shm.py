@@ -98,6 +98,29 @@ def dtypes_and_ops(dtypes, lengths, tag):
                 c.check_identical(name + " in place", x)
 
 
+def finished_where_reduced(lengths, tag):
+    """Average's division and the postscale, run on each piece by the rank that reduced it,
+    give the bits of a separate pass over the summed result (divide_into, then scale_into;
+    a 16-bit float Average divides its input first)."""
+    for dt in (np.dtype(np.float32), np.dtype(np.float16), c.BF16, np.dtype(np.float64), np.dtype(np.int32)):
+        for length in lengths(dt):
+            x = c.rank_input(dt, length, R, 70 + length % 97)
+            for op, factor in ((fastring.Average, 1.0), (fastring.Average, 0.3), (fastring.Sum, 2.5)):
+                if op == fastring.Average and dt.kind == "i":
+                    continue  # an integer Average finishes when it unpacks, not here
+                name = f"{tag} finish {dt} {op.name} x{factor} n={length}"
+                got = fastring.allreduce(x, op=op, postscale_factor=factor, name=name)
+                summed = x.copy()
+                predivides = op == fastring.Average and dt.itemsize == 2  # against overflow
+                if predivides:
+                    kernels.divide_into(summed, N)
+                expected = fastring.allreduce(summed, op=fastring.Sum, name=name + " sum")
+                if op == fastring.Average and not predivides:
+                    kernels.divide_into(expected, N)
+                kernels.scale_into(expected, factor)
+                c.CHECKS.check(got.tobytes() == expected.tobytes(), f"{name}: not the bits of a separate pass")
+
+
 def collectives_loops(tag, large):
     """The other collectives' loops called directly, `large` bytes and more per rank:
     allgather of uneven blocks, a broadcast, alltoall of uneven pieces (and one rank sending
@@ -218,6 +241,8 @@ sum_f32 = kernels.reduce_cfunc(KERNEL_OP[fastring.Sum], np.dtype(np.float32))
 shm.allreduce_single_copy_bytes = shm.single_copy_bytes = 1 << 20
 dtypes_and_ops(c.DTYPES, lambda dt: (SHM_ONE_STEP_BYTES // dt.itemsize - 1,
                                      2 * SHM_SINGLE_COPY_CHUNK_BYTES // dt.itemsize + N + 1), "single copy")
+finished_where_reduced(lambda dt: (SHM_ONE_STEP_BYTES // dt.itemsize - 1,
+                                    2 * SHM_SINGLE_COPY_CHUNK_BYTES // dt.itemsize + N + 1), "single copy")
 collectives_loops("single copy", 1 << 20)
 counted_allgathers("single copy")
 counted_alltoalls("single copy")
@@ -250,6 +275,7 @@ c.CHECKS.check(not rt.transport.single_copy, "single copy is still on after a co
 # parts (count < N).
 dtypes_and_ops([np.dtype(np.int32), np.dtype(np.float16), np.dtype(np.float64)],
                lambda dt: (SHM_TILE_BYTES // dt.itemsize + N + 1,), "rounds")
+finished_where_reduced(lambda dt: (SHM_TILE_BYTES // dt.itemsize + N + 1,), "rounds")
 collectives_loops("rounds", shm.tile_bytes)
 for count in (1, N - 1, N, 2 * N + 1):
     a = np.arange(count, dtype=np.float64) + R
