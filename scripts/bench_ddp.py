@@ -4,10 +4,21 @@ DistributedOptimizer against torch.nn.parallel.DistributedDataParallel over gloo
 Run (np=2 is the performance configuration on a 2-core machine):
     fastring-run -np 2 python scripts/bench_ddp.py [--steps 200] [--rounds 5] [--json out.json]
     fastring-run -np 2 python scripts/bench_ddp.py --wide --batch-size 4 --steps 10
+    fastring-run -np 2 python scripts/bench_ddp.py --model embedding --reuse-memory --batch-size 4 --steps 10
 
---wide swaps the model for a communication-bound one: an MLP of about 25M float32 parameters
-(784-4096-4096-1024-10) on the same data, whose gradient exchange outweighs its compute at a
-tiny batch.
+--model picks the model (--wide is --model wide):
+  example    the example's Net;
+  wide       an MLP of about 25M float32 parameters (784-4096-4096-1024-10) on the same data.
+             At a tiny batch its step is still mostly compute: forward and backward each read
+             the 97 MB of weights, and backward writes 97 MB of gradients;
+  embedding  a bag-of-ids classifier: a 242,000 x 100 embedding table (24.2M float32
+             parameters, a dense gradient, as recommendation models train) and a linear layer,
+             each sample 16 ids drawn per rank; its compute is small, so the step is
+             communication-bound: 97 MB of gradients to average every step.
+--reuse-memory makes glibc's malloc keep freed memory for reuse (no mmap, no trim), what
+PyTorch's CPU tuning guide gets from jemalloc or tcmalloc. Without it every step maps each
+large gradient afresh and takes a page fault per 4 KiB touched (16-24 thousand a step), which
+this sandboxed machine makes expensive; the table's "faults" column counts them.
 
 A step is zero_grad + forward + loss + backward + optimizer step (SGD with momentum), on a fixed
 batch of --batch-size samples per rank, one torch thread per rank. Both methods start from
@@ -29,9 +40,11 @@ rank and world size come from MPI.
 from __future__ import annotations
 
 import argparse
+import ctypes
 import importlib.util
 import json
 import os
+import resource
 import socket
 import statistics
 import time
@@ -73,17 +86,44 @@ def wide_mlp() -> torch.nn.Module:
                                torch.nn.ReLU(), torch.nn.Linear(1024, 10), torch.nn.LogSoftmax(dim=1))
 
 
-def timed_steps(model, optimizer, data, target, steps: int, comm) -> list[float]:
-    """Per-step seconds of the slowest rank."""
-    times = []
+class BagOfIds(torch.nn.Module):
+    """A 242,000 x 100 embedding table (24.2M float32 parameters, dense gradient) averaged
+    over each sample's ids, then a linear layer to the 10 classes."""
+
+    ROWS, WIDTH, IDS = 242_000, 100, 16
+
+    def __init__(self):
+        super().__init__()
+        self.table = torch.nn.EmbeddingBag(self.ROWS, self.WIDTH, mode="mean")
+        self.head = torch.nn.Linear(self.WIDTH, 10)
+
+    def forward(self, ids):
+        return F.log_softmax(self.head(self.table(ids)), dim=1)
+
+
+def reuse_freed_memory() -> None:
+    """glibc malloc: serve every allocation from the heap and never give memory back, so a
+    step reuses the pages the last one freed instead of faulting fresh ones in."""
+    libc = ctypes.CDLL("libc.so.6")
+    m_trim_threshold, m_mmap_max = -1, -4  # malloc.h
+    if not (libc.mallopt(m_mmap_max, 0) and libc.mallopt(m_trim_threshold, 2**31 - 1)):
+        raise RuntimeError("mallopt refused the settings")
+
+
+def timed_steps(model, optimizer, data, target, steps: int, comm) -> tuple[list[float], list[int]]:
+    """Per-step seconds of the slowest rank, and page faults per step, summed over ranks."""
+    times, faults = [], []
     comm.Barrier()
     for _ in range(steps):
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
         start = time.perf_counter()
         optimizer.zero_grad()
         F.nll_loss(model(data), target).backward()
         optimizer.step()
         times.append(time.perf_counter() - start)
-    return [max(per_rank) for per_rank in zip(*comm.allgather(times))]
+        faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+    return ([max(per_rank) for per_rank in zip(*comm.allgather(times))],
+            [sum(per_rank) for per_rank in zip(*comm.allgather(faults))])
 
 
 def floors(model, steps: int, comm) -> dict[str, float]:
@@ -128,20 +168,29 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=20)
     parser.add_argument("--batch-size", type=int, default=64, help="per rank")
     parser.add_argument("--json", help="also write the results to this file (rank 0)")
-    parser.add_argument("--wide", action="store_true", help="the ~25M-parameter MLP instead of the example's Net")
+    parser.add_argument("--model", choices=("example", "wide", "embedding"), default="example")
+    parser.add_argument("--wide", dest="model", action="store_const", const="wide", help="--model wide")
+    parser.add_argument("--reuse-memory", action="store_true",
+                        help="glibc malloc keeps freed memory for reuse (see the module docstring)")
     parser.add_argument("--floors", action="store_true", help="also time the gradient exchange alone")
     args = parser.parse_args()
 
     comm = MPI.COMM_WORLD
+    if args.reuse_memory:
+        reuse_freed_memory()
     torch.set_num_threads(1)
     hvd.init()
     init_gloo(comm)
     example = load_example()
     data, target = example.make_dataset(args.batch_size, seed=100 + comm.rank).tensors
+    if args.model == "embedding":
+        data = torch.randint(BagOfIds.ROWS, (args.batch_size, BagOfIds.IDS),
+                             generator=torch.Generator().manual_seed(200 + comm.rank))
+    models = {"example": example.Net, "wide": wide_mlp, "embedding": BagOfIds}
 
     def build(method: str):
         torch.manual_seed(0)
-        model = wide_mlp() if args.wide else example.Net()
+        model = models[args.model]()
         if method == "ddp":
             model = torch.nn.parallel.DistributedDataParallel(model)
         optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.5)
@@ -154,9 +203,12 @@ def main() -> None:
     for m in methods:
         timed_steps(*built[m], data, target, args.warmup, comm)
     times: dict[str, list[float]] = {m: [] for m in methods}
+    faults: dict[str, list[int]] = {m: [] for m in methods}
     for _ in range(args.rounds):
         for m in methods:
-            times[m] += timed_steps(*built[m], data, target, args.steps, comm)
+            t, f = timed_steps(*built[m], data, target, args.steps, comm)
+            times[m] += t
+            faults[m] += f
 
     alone = floors(built["local"][0], args.steps, comm) if args.floors else {}
 
@@ -165,19 +217,21 @@ def main() -> None:
         for m in methods:
             q1, median, q3 = statistics.quantiles(times[m], n=4)
             rows[m] = {"median_ms": 1e3 * median, "q1_ms": 1e3 * q1, "q3_ms": 1e3 * q3,
-                       "steps": len(times[m])}
-        what = "wide MLP (784-4096-4096-1024-10)" if args.wide else "example model (examples/train_mnist_like.py Net)"
+                       "steps": len(times[m]), "faults": statistics.median(faults[m])}
+        what = {"wide": "wide MLP (784-4096-4096-1024-10)",
+                "embedding": f"bag of ids ({BagOfIds.ROWS} x {BagOfIds.WIDTH} embedding, linear)",
+                "example": "example model (examples/train_mnist_like.py Net)"}[args.model]
         params = sum(p.numel() for p in built["local"][0].parameters())
         print(f"{what}, {params / 1e6:.1f}M parameters, np={comm.size}, batch "
               f"{args.batch_size}/rank, {args.rounds}x{args.steps} steps per method, torch "
-              f"{torch.__version__}")
-        print(f"{'method':<34} {'median ms/step':>15} {'q1':>8} {'q3':>8} {'vs DDP':>8}")
+              f"{torch.__version__}, freed memory {'reused' if args.reuse_memory else 'unmapped'}")
+        print(f"{'method':<34} {'median ms/step':>15} {'q1':>8} {'q3':>8} {'vs DDP':>8} {'faults':>8}")
         labels = {"fastring": "fastring DistributedOptimizer", "ddp": "DDP (gloo)",
                   "local": "local step, no communication"}
         for m in methods:
             r = rows[m]
             print(f"{labels[m]:<34} {r['median_ms']:>15.3f} {r['q1_ms']:>8.3f} {r['q3_ms']:>8.3f} "
-                  f"{r['median_ms'] / rows['ddp']['median_ms']:>8.3f}")
+                  f"{r['median_ms'] / rows['ddp']['median_ms']:>8.3f} {r['faults']:>8.0f}")
         for what, ms in alone.items():
             print(f"{what:<34} {ms:>15.3f}")
         if alone:
@@ -185,8 +239,8 @@ def main() -> None:
                   f"{rows['local']['median_ms'] + alone['fastring allreduce alone']:>15.3f}")
         if args.json:
             with open(args.json, "w") as f:
-                json.dump({"np": comm.size, "batch_size": args.batch_size, "results": rows, "alone_ms": alone},
-                          f, indent=2)
+                json.dump({"np": comm.size, "model": args.model, "reuse_memory": args.reuse_memory,
+                           "batch_size": args.batch_size, "results": rows, "alone_ms": alone}, f, indent=2)
     dist.destroy_process_group()
 
 
