@@ -34,6 +34,9 @@ waited for), gloo's allreduce of the same, and the copy-once floor (every rank c
 gradients once, all at the same time). With one core per rank, backward and the reduction
 share that core, so the local step plus the allreduce alone is about as fast as a step can
 be; "floor step" prints that sum.
+--summarize A.json B.json ... prints, for launches written with --json, each launch's median
+ms/step and the ratio DDP / fastring, then that ratio's minimum and median over the launches.
+
 gloo is initialised with env:// on MASTER_ADDR=127.0.0.1 and a free port chosen by rank 0;
 rank and world size come from MPI.
 """
@@ -161,8 +164,22 @@ def floors(model, steps: int, comm) -> dict[str, float]:
     return result
 
 
+def summarize(paths: list[str]) -> None:
+    runs = [json.load(open(p)) for p in paths]
+    print("| launch | model | freed memory | fastring ms | DDP ms | local ms | DDP / fastring |")
+    print("|---|---|---|---:|---:|---:|---:|")
+    ratios = []
+    for path, run in zip(paths, runs):
+        ms = {m: r["median_ms"] for m, r in run["results"].items()}
+        ratios.append(ms["ddp"] / ms["fastring"])
+        print(f"| {Path(path).name} | {run['model']} | {'reused' if run['reuse_memory'] else 'unmapped'} | "
+              f"{ms['fastring']:.1f} | {ms['ddp']:.1f} | {ms['local']:.1f} | {ratios[-1]:.2f} |")
+    print(f"\nDDP / fastring over {len(runs)} launches: min {min(ratios):.2f}, median {statistics.median(ratios):.2f}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--summarize", nargs="+", metavar="JSON", help="summarize earlier launches and exit")
     parser.add_argument("--steps", type=int, default=200, help="timed steps per method per round")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--warmup", type=int, default=20)
@@ -174,6 +191,9 @@ def main() -> None:
                         help="glibc malloc keeps freed memory for reuse (see the module docstring)")
     parser.add_argument("--floors", action="store_true", help="also time the gradient exchange alone")
     args = parser.parse_args()
+    if args.summarize:
+        summarize(args.summarize)
+        return
 
     comm = MPI.COMM_WORLD
     if args.reuse_memory:
