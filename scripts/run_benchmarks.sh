@@ -20,4 +20,6 @@ fastring-run -np 2 python scripts/bench_broadcast_floor.py > "$out/bfloor.txt" 2
 fastring-run -np 2 python scripts/bench_engine.py > "$out/engine.txt" 2>&1
 fastring-run -np 2 python scripts/bench_compression.py > "$out/compression.txt" 2>&1
 fastring-run -np 2 python scripts/bench_ddp.py > "$out/ddp.txt" 2>&1
+fastring-run -np 2 python scripts/bench_ddp.py --model embedding --reuse-memory --batch-size 4 --steps 10 \
+    --rounds 3 --warmup 3 --floors > "$out/ddp_embedding.txt" 2>&1
 date -u > "$out/end.txt"
