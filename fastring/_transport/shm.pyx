@@ -48,7 +48,7 @@ from posix.types cimport off_t, pid_t
 from posix.unistd cimport close
 
 from .broadcast cimport vm_copy
-from .cycle cimport HASH, HEADER_WORDS, PAYLOAD_BYTES, block_bytes, combine_blocks
+from .cycle cimport HASH, HEADER_WORDS, PAYLOAD_BYTES, block_bytes, combine_blocks, lone_payload, lone_result
 from .mpi cimport Link, TransportBase, back_off, now, reduce_fn_t
 
 from .._core.config import (SHM_ALLREDUCE_SINGLE_COPY_BYTES, SHM_HOT_SPIN_SECONDS, SHM_SINGLE_COPY_BYTES,
@@ -884,6 +884,19 @@ cdef class SharedSegment:
         through the segment: every rank writes its block into its cycle slot, and after one
         barrier combines every slot, in rank order, into its own block, so that a
         negotiation cycle makes no MPI call."""
+        return self._cycle(block, vector_words, capacity, reduce_fn, itemsize, stall_seconds, on_stall)
+
+    def lone_cycle(self, uintptr_t block, int64_t vector_words, int64_t capacity, uintptr_t tmp,
+                   uintptr_t reduce_fn, int64_t itemsize, double stall_seconds, object on_stall,
+                   uint64_t h, cnp.ndarray src not None, cnp.ndarray dst):
+        """`Transport.lone_cycle` (same arguments and result; `tmp` is not needed) through the
+        segment: the whole lean path of a small synchronous allreduce in one call."""
+        lone_payload(block, vector_words, capacity, h, src, dst)
+        outcome = self._cycle(block, vector_words, capacity, reduce_fn, itemsize, stall_seconds, on_stall)
+        return outcome, lone_result(block, vector_words, h, outcome, dst)
+
+    cdef tuple _cycle(self, uintptr_t block, int64_t vector_words, int64_t capacity, uintptr_t reduce_fn,
+                      int64_t itemsize, double stall_seconds, object on_stall):
         self._check()
         cdef int64_t words = HEADER_WORDS + 2 * vector_words
         if words * 8 + capacity > self.cycle_bytes:

@@ -46,6 +46,11 @@ from .timeline import Timeline
 log = logging.getLogger("fastring")
 
 
+def _no_payload(words: int) -> tuple[int, tuple[int, int]]:
+    """The payload writer of a cycle that carries no data."""
+    return 0, NO_PAYLOAD
+
+
 class Engine:
     """Owner of one runtime's queued collectives (see the module docstring)."""
 
@@ -72,7 +77,7 @@ class Engine:
         self._running = True
         self._neg = Negotiation(rt.transport, StallReporter(self.config.stall_check_time,
                                                             self.config.stall_shutdown_time),
-                                rt.shm.cycle_exchange if getattr(rt, "shm", None) is not None else None)
+                                getattr(rt, "shm", None))
         self._executor = Executor(rt, self.timeline, self._complete)
         # Every wait of the data phase warns and gives up on time too (stall.DataStallReporter);
         # only a rank with a deadline abandons, so only then can an abandon notice come.
@@ -159,10 +164,11 @@ class Engine:
                        fields: tuple, out: np.ndarray | None, request: Callable[[str], Request]):
         """A synchronous plain host allreduce (no compression, no scale factors, `fields` as
         the general path would build them) while nothing is queued here: `_speculate_alone`,
-        carrying the data itself when it is small, then the reduction, without building a
-        Request unless the ranks disagree (`request(name)` builds it then). The result goes to
-        `out` (`arr` itself: in place), or to a new array when it is None. Returns the result,
-        or None when the general path must take the call; nothing has happened then."""
+        carrying the data itself when it is small (one transport call, `Negotiation.lone_exchange`),
+        then the reduction, without building a Request unless the ranks disagree (`request(name)`
+        builds it then). The result goes to `out` (`arr` itself: in place), or to a new array
+        when it is None. Returns the result, or None when the general path must take the call;
+        nothing has happened then."""
         if not (self._idle() and is_c_contiguous(arr)
                 and (out is None or (is_writable_c_contiguous(out) and (
                     out is arr or (out.shape == arr.shape and out.dtype == arr.dtype))))):
@@ -175,14 +181,16 @@ class Engine:
                 if self._pending or self._keep_cycling:
                     return None
                 name = name or self.auto_name("allreduce")
+                neg = self._neg
+                words = neg.words
                 small = algorithms.InCycle.fits(arr.nbytes)
-
-                def write(words: int) -> tuple[int, tuple[int, int]]:
-                    if not small:
-                        return 0, NO_PAYLOAD
-                    copy_from_array(self._neg.payload_address(words), arr)
-                    return arr.nbytes, self._neg.reducer(op, arr.dtype)
-                clean, outcome, words, h = self._speculate_alone(name, fields, write)
+                result = _pool.empty(arr.shape, arr.dtype) if out is None else out
+                if small:
+                    h = neg.signature_hash(name, fields)
+                    outcome, clean = neg.lone_exchange(h, arr, result, neg.reducer(op, arr.dtype), name)
+                    clean = clean and self._settled_alone(outcome, h, name, fields)
+                else:
+                    clean, outcome, words, h = self._speculate_alone(name, fields, _no_payload)
                 if clean:
                     self._completed += 1
                 else:
@@ -194,10 +202,8 @@ class Engine:
                 raise
             if clean:
                 # as in execution, an error of the reduction itself is the caller's alone
-                result = _pool.empty(arr.shape, arr.dtype) if out is None else out
                 divide = divider(self.rt.size) if op == ReduceOp.Average and self.rt.size > 1 else nothing
                 if small:
-                    copy_to_array(result, self._neg.payload_address(words))
                     if divide is not nothing:
                         divide(result.reshape(-1))
                 else:

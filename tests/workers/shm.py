@@ -27,7 +27,7 @@ import _common as c
 import fastring
 from fastring._core.config import SHM_ONE_STEP_BYTES, SHM_SINGLE_COPY_CHUNK_BYTES, SHM_TILE_BYTES
 from fastring._core.runtime import runtime
-from fastring._transport import array_address
+from fastring._transport import CYCLE_HEADER_WORDS, SPECULATION_FAILED, array_address
 from fastring import kernels
 from fastring._core.ops import KERNEL_OP
 
@@ -76,7 +76,57 @@ rt = runtime()
 c.CHECKS.check(rt.shm is not None, f"the shared-memory path is off: {log.getvalue()}")
 c.CHECKS.check(not leftovers(), f"the segment is still linked in /dev/shm: {leftovers()}")
 c.CHECKS.check(rt.engine._neg._cycle_exchange == rt.shm.cycle_exchange, "the cycle does not run through the segment")
+c.CHECKS.check(rt.engine._neg._lone_cycle == rt.shm.lone_cycle, "the lone cycle does not run through the segment")
 c.CHECKS.check(rt.transport.single_copy, "single copy is off on one host")
+
+
+def lone_cycles(cycles, tag):
+    """`lone_cycle` (the lean path's one call) on `cycles` (the segment or the MPI transport):
+    the exact sum lands in `dst` only when every rank proposed the same request and nothing
+    else waits anywhere; otherwise `dst` is untouched; bad arrays are refused before anything
+    moves, so the ranks stay in step."""
+    words, capacity, count = 1, 4096, 1000
+    block = np.zeros(CYCLE_HEADER_WORDS + 2 * words + capacity // 8, np.uint64)
+    tmp = np.zeros_like(block)
+    fn = kernels.reduce_cfunc(KERNEL_OP[fastring.Sum], np.dtype(np.int32))
+    src = np.arange(count, dtype=np.int32) * (R + 1) - 3
+    expected = np.arange(count, dtype=np.int32) * (N * (N + 1) // 2) - 3 * N
+
+    def run(h, dst, data=src, pending=0):
+        block[:] = 0
+        block[CYCLE_HEADER_WORDS + words] = pending  # this rank's pending bit 0
+        return cycles.lone_cycle(array_address(block), words, capacity, array_address(tmp), fn, 4, 0.0, None,
+                                 h, data, dst)
+
+    dst = np.full(count, -7, np.int32)
+    outcome, clean = run(123, dst)
+    c.CHECKS.check(clean and outcome == (0, 123, False, False), f"lone {tag}: {outcome} {clean}")
+    c.check_close(f"lone {tag}", dst, expected, 0)
+    c.check_close(f"lone {tag} input", src, np.arange(count, dtype=np.int32) * (R + 1) - 3, 0)
+    for what, h, pending in (("another request on the last rank", 123 + (R == V), 0),
+                             ("a request pending on rank 0 only", 5, int(R == 0))):
+        dst[:] = -7
+        outcome, clean = run(h, dst, pending=pending)
+        c.CHECKS.check(not clean, f"lone {tag}, {what}: clean {outcome}")
+        c.CHECKS.check(bool(outcome[1] == SPECULATION_FAILED) == (pending == 0 and h != 5) and bool(outcome[2]) == (h == 5),
+                       f"lone {tag}, {what}: outcome {outcome}")
+        c.check_close(f"lone {tag}, {what}: dst untouched", dst, np.full(count, -7, np.int32), 0)
+    outcome, clean = run(9, None)  # the result stays in the block's payload
+    c.CHECKS.check(clean, f"lone {tag} without dst: {outcome}")
+    c.check_close(f"lone {tag} without dst", block[CYCLE_HEADER_WORDS + 2 * words:].view(np.int32)[:count], expected, 0)
+    readonly = np.zeros(count, np.int32)
+    readonly.flags.writeable = False
+    for what, data, into, words_ in (("a strided payload", np.zeros(2 * count, np.int32)[::2], dst, ("C-contiguous",)),
+                                     ("a payload too large", np.zeros(capacity // 4 + 1, np.int32), None, ("fit", "4096")),
+                                     ("a short result", src, dst[1:], ("3996", "4000 bytes")),
+                                     ("a read-only result", src, readonly, ("writeable",))):
+        c.expect_error(f"lone {tag}, {what}", lambda: run(1, into, data=data), ValueError, *words_)
+    dst[:] = -7
+    c.CHECKS.check(run(77, dst)[1], f"lone {tag}: the ranks fell out of step after the refused calls")
+    c.check_close(f"lone {tag} after the refused calls", dst, expected, 0)
+
+
+lone_cycles(rt.shm, "segment")
 
 
 def dtypes_and_ops(dtypes, lengths, tag):
@@ -317,6 +367,7 @@ c.CHECKS.check(runtime().shm is None, "FASTRING_SHM=0 left the path on")
 c.CHECKS.check("shared-memory path off: FASTRING_SHM=0" in log.getvalue(), f"no reason logged: {log.getvalue()}")
 got = fastring.allreduce(xs[R].copy(), op=fastring.Sum, name="off")
 c.check_close("FASTRING_SHM=0", got, exp, bound)
+lone_cycles(runtime().transport, "MPI")
 os.environ["FASTRING_SHM"] = "1"
 fastring.shutdown()
 fastring.init()
