@@ -14,7 +14,7 @@ from .._core.device import is_device_tensor
 from .._core.dtypes import SUPPORTED, DtypeSpec, spec_of
 from .._core.ops import OP_NAMES, ReduceOp, as_reduce_op
 from .._core.runtime import Runtime
-from .._core.tensor import as_array, like
+from .._core.tensor import as_array, host_view, like
 from .._core.work import AllreduceWork, Entry
 from ..engine import Handle, Request
 from .process_sets import global_rank, runtime_of
@@ -101,7 +101,8 @@ def _allreduce_request(rt: Runtime, kind: str, tensors: Sequence, outs: Sequence
     op = op if type(op) is ReduceOp else as_reduce_op(op)
     prescale = prescale_factor if type(prescale_factor) is float else factor(prescale_factor, "prescale_factor")
     postscale = postscale_factor if type(postscale_factor) is float else factor(postscale_factor, "postscale_factor")
-    if type(tensors[0]) is not np.ndarray and is_device_tensor(tensors[0]):
+    first = tensors[0] if type(tensors[0]) is np.ndarray else host_view(tensors[0])
+    if first is None and is_device_tensor(tensors[0]):
         return device.allreduce_request(rt, kind, tensors, outs, op, name, compressor, prescale,
                                         postscale, grouped)
     if grouped:
@@ -113,7 +114,7 @@ def _allreduce_request(rt: Runtime, kind: str, tensors: Sequence, outs: Sequence
         shapes = tuple([a.shape for a in arrays])
         nbytes = sum([a.nbytes for a in arrays])
     else:
-        arrays = [tensors[0] if type(tensors[0]) is np.ndarray else as_array(tensors[0])]
+        arrays = [first if first is not None else as_array(tensors[0])]
         spec = SUPPORTED.get(arrays[0].dtype) or spec_of(arrays[0].dtype)
         shapes = arrays[0].shape
         nbytes = arrays[0].nbytes
