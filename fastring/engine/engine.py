@@ -78,7 +78,7 @@ class Engine:
         self._neg = Negotiation(rt.transport, StallReporter(self.config.stall_check_time,
                                                             self.config.stall_shutdown_time),
                                 getattr(rt, "shm", None))
-        self._executor = Executor(rt, self.timeline, self._complete)
+        self._executor = Executor(rt, self.timeline, self._complete, self._complete_all)
         # Every wait of the data phase warns and gives up on time too (stall.DataStallReporter);
         # only a rank with a deadline abandons, so only then can an abandon notice come.
         self._data_stall = DataStallReporter(
@@ -405,10 +405,10 @@ class Engine:
                     continue
                 entry = self._neg.cache.get(r.name)
                 if entry is not None and entry[1] == r.fields:
-                    self._neg.set_cached(entry[0], words)
                     cached[entry[0]] = r
                 else:
                     flags |= HAS_UNCACHED
+            self._neg.set_cached(cached, words)
         elif time.monotonic() >= spec_req.next_report:
             flags |= WANT_REPORT
         return flags, cached
@@ -532,6 +532,21 @@ class Engine:
         self.timeline.end(req.name, "queued")
         self._completed += 1
         req.handle._finish(result, error)
+
+    def _complete_all(self, reqs: list[Request], results: list) -> None:
+        """`_complete` of each of `reqs` with its result, the queue locked once (a fused batch
+        of small tensors completes at a microsecond less each)."""
+        pending = self._pending
+        with self._queue_lock:
+            for req in reqs:
+                if pending.get(req.name) is req:
+                    del pending[req.name]
+        if self.timeline.recording:
+            for req in reqs:
+                self.timeline.end(req.name, "queued")
+        self._completed += len(reqs)
+        for req, result in zip(reqs, results):
+            req.handle._finish(result)
 
     # ----------------------------------------------------------------- join
     def join(self) -> int:

@@ -181,11 +181,16 @@ class Negotiation:
         if words:
             self.block[HEADER_WORDS:HEADER_WORDS + 2 * words] = 0
 
-    def set_cached(self, bit: int, words: int) -> None:
-        """Mark cache entry `bit` as ready (AND word) and pending (OR word) on this rank."""
+    def set_cached(self, bits, words: int) -> None:
+        """Mark cache entries `bits` as ready (AND words) and pending (OR words) on this rank:
+        each word is written once, however many of its bits are set."""
+        masks: dict[int, int] = {}
+        for bit in bits:
+            masks[bit >> 6] = masks.get(bit >> 6, 0) | 1 << (bit & 63)
         header = self.header
-        header[HEADER_WORDS + (bit >> 6)] |= 1 << (bit & 63)
-        header[HEADER_WORDS + words + (bit >> 6)] |= 1 << (bit & 63)
+        for i, mask in masks.items():
+            header[HEADER_WORDS + i] |= mask
+            header[HEADER_WORDS + words + i] |= mask
 
     def ready_bits(self, words: int):
         """The cache entries every rank had ready in the last cycle."""
