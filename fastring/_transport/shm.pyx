@@ -287,6 +287,9 @@ cdef class SharedSegment:
             if start == 0:
                 start, next_report = t, t + interval
                 continue
+            # The scheduler may have moved this rank since it arrived: onto the core its peer
+            # last ran on, where spinning would keep the peer from arriving.
+            cpu = <uint64_t> sched_getcpu()
             if t - start < spin:
                 if self.oversubscribed or shared or t - start > _HOT_SPIN:
                     sched_yield()  # the peer we wait for may be waiting for this core
@@ -489,12 +492,25 @@ cdef class SharedSegment:
         if err:
             self._raise_copy_error(err)
 
+    def staging(self, int64_t nbytes):
+        """This rank's buffer for the next data round, as `nbytes` bytes (a uint8 array over
+        the segment), or None when an allreduce of `nbytes` would not read its input from one
+        buffer (more than a buffer, or by single copy). An allreduce whose `src` is this view,
+        filled before the call and with nothing else through the segment in between, skips
+        copying its input in: a fused batch is gathered straight into the segment. The view is
+        valid until that call."""
+        self._check()
+        if nbytes <= 0 or nbytes > self.tile or self._single_copy(nbytes, self.allreduce_single_copy_bytes):
+            return None
+        return np.asarray(<unsigned char[:nbytes]> <unsigned char*> self._data(self.rank, self.data_rounds))
+
     cdef int _one_step(self, char* src, char* dst, int64_t nbytes, reduce_fn_t reduce,
                        int64_t itemsize) except -1 nogil:
         cdef uint64_t round_ = self.data_rounds
         cdef int r
         self.data_rounds += 1
-        memcpy(self._data(self.rank, round_), src, nbytes)
+        if src != self._data(self.rank, round_):  # else staged there (`staging`)
+            memcpy(self._data(self.rank, round_), src, nbytes)
         self._data_arrive()
         memcpy(dst, self._data(0, round_), nbytes)
         for r in range(1, self.size):
@@ -519,7 +535,7 @@ cdef class SharedSegment:
             mine = self._data(me, round_)
             s, d = src + done * itemsize, dst + done * itemsize
             for r in range(n):
-                if r != me:
+                if r != me and s != mine:  # else the input was staged there (`staging`)
                     lo = r * base + min(r, extra)
                     hi = lo + base + (1 if r < extra else 0)
                     memcpy(mine + lo * itemsize, s + lo * itemsize, (hi - lo) * itemsize)
@@ -529,7 +545,8 @@ cdef class SharedSegment:
             off = lo
             while off < hi:
                 k = min(sub, hi - off)
-                memcpy(mine + off * itemsize, s + off * itemsize, k * itemsize)
+                if s != mine:
+                    memcpy(mine + off * itemsize, s + off * itemsize, k * itemsize)
                 for r in range(n):
                     if r != me:
                         reduce(mine + off * itemsize, self._data(r, round_) + off * itemsize, k)

@@ -29,6 +29,7 @@ from fastring._core.config import SHM_ONE_STEP_BYTES, SHM_SINGLE_COPY_CHUNK_BYTE
 from fastring._core.runtime import runtime
 from fastring._transport import CYCLE_HEADER_WORDS, SPECULATION_FAILED, array_address
 from fastring import kernels
+from fastring.algorithms.shm import SharedMemory
 from fastring._core.ops import KERNEL_OP
 
 case = sys.argv[1]
@@ -263,6 +264,18 @@ def counted_alltoalls(tag):
 shm = rt.shm
 sum_f64 = kernels.reduce_cfunc(KERNEL_OP[fastring.Sum], np.dtype(np.float64))
 sum_f32 = kernels.reduce_cfunc(KERNEL_OP[fastring.Sum], np.dtype(np.float32))
+# staging: this rank's next buffer, from which an allreduce reads its input without copying
+# it in (one step, and one round of the rounds); none where single copy would run.
+sum_i32 = kernels.reduce_cfunc(KERNEL_OP[fastring.Sum], np.dtype(np.int32))
+for count in (1000, SHM_TILE_BYTES // 4 - 5):
+    view = shm.staging(count * 4).view(np.int32)
+    view[:] = np.arange(count, dtype=np.int32) * (R + 1) - R
+    out = np.full(count, -1, np.int32)
+    shm.allreduce(array_address(view), array_address(out), count * 4, sum_i32, 4, count * 4 <= SHM_ONE_STEP_BYTES)
+    c.check_close(f"staged n={count}", out, np.arange(count, dtype=np.int32) * (N * (N + 1) // 2) - N * (N - 1) // 2, 0)
+shm.allreduce_single_copy_bytes = 1 << 20
+c.CHECKS.check(shm.staging(1 << 20) is None and shm.staging((1 << 20) - 4) is not None,
+               "staging offered a buffer to a single-copy allreduce")
 # Every dtype and op, one step (above the cycle's 64 KiB) and by single copy (the threshold
 # lowered to 1 MiB: more than one chunk, the last one uneven, claimed by whichever rank is free).
 shm.allreduce_single_copy_bytes = shm.single_copy_bytes = 1 << 20
@@ -330,7 +343,11 @@ c.CHECKS.check(r is dst, "out= returned another object")
 c.check_close("out other", dst, exp, bound)
 c.check_close("out other input", src, xs[R], 0)
 
-# Fusion: 40 async requests of 30 KB fuse into batches that run through the segment.
+# Fusion: 40 async requests of 30 KB fuse into batches that run through the segment, each
+# batch gathered straight into this rank's buffer of the segment (counted).
+staged = []
+real_staging = SharedMemory.staging
+SharedMemory.staging = staticmethod(lambda rt_, nbytes: staged.append(nbytes) or real_staging(rt_, nbytes))
 parts = [[c.rank_input(np.dtype(np.int32), 7500, r, 100 + i) for r in range(N)] for i in range(40)]
 handles = [fastring.allreduce_async(p[R].copy(), op=fastring.Sum, name=f"fused.{i}") for i, p in enumerate(parts)]
 for i, h in enumerate(handles):
@@ -340,6 +357,26 @@ results = fastring.grouped_allreduce([g[R].copy() for g in grouped], op=fastring
 for i, g in enumerate(grouped):
     e, b = c.reference(g, fastring.Average, N)
     c.check_close(f"grouped {i}", results[i], e, b)
+# (a request that rides its negotiation cycle, as the first of the fused ones may, is not staged)
+c.CHECKS.check(staged[-1] == 100 * 40_000 and staged[:-1] and all(n % 30_000 == 0 for n in staged[:-1]),
+               f"the batches were not staged in the segment: {staged}")
+# Integers, exactly: a grouped Sum of a buffer's worth less a little (staged, in one round of
+# rounds), of a one-step size, and a fused batch of 130 cached requests (three words of cache
+# bits), run twice.
+for count, tag in ((SHM_TILE_BYTES // 4 // 50 - 7, "rounds"), (SHM_ONE_STEP_BYTES // 4 // 50 - 3, "one step")):
+    staged.clear()
+    gi = [[c.rank_input(np.dtype(np.int32), count, r, 400 + i) for r in range(N)] for i in range(50)]
+    outs = fastring.grouped_allreduce([g[R].copy() for g in gi], op=fastring.Sum, name=f"grouped int {tag}")
+    for i, g in enumerate(gi):
+        c.check_close(f"grouped int {tag} {i}", outs[i], np.add.reduce(np.stack(g)), 0)
+    c.CHECKS.check(staged == [50 * count * 4], f"grouped int {tag}: staged {staged}")
+small = [[c.rank_input(np.dtype(np.int64), 33, r, 500 + i) for r in range(N)] for i in range(130)]
+for round_ in range(2):
+    handles = [fastring.allreduce_async(p[R].copy(), op=fastring.Sum, name=f"small.{i}") for i, p in enumerate(small)]
+    for i, h in enumerate(handles):
+        c.check_close(f"small {round_} {i}", fastring.synchronize(h), np.add.reduce(np.stack(small[i])), 0)
+SharedMemory.staging = staticmethod(real_staging)
+c.CHECKS.check(shm.staging(SHM_TILE_BYTES + 1) is None and shm.staging(0) is None, "staging beyond a buffer")
 
 # Compression: the 16-bit wire format's rounding, on the same data as the plain call.
 cx = [c.rank_input(np.dtype(np.float32), 100_000, r, 300) for r in range(N)]
