@@ -58,24 +58,33 @@ def _fields(kind: str, spec: DtypeSpec, shapes: tuple, op: ReduceOp, prescale: f
     return fields
 
 
-# (dtype, shape, op) -> (spec, fields) of a plain numpy allreduce, for _lone_allreduce
+# (dtype, shape, op) -> (spec, fields) of a plain allreduce, for _plain_plan
 _PLANS: dict[tuple, tuple] = {}
+
+
+def _plain_plan(arr: np.ndarray, op: ReduceOp) -> tuple[DtypeSpec, tuple] | None:
+    """(spec, fields) of a plain (no compression, no scale factors) allreduce of `arr` that
+    passes every check as it is, or None where the general path must look (an error, or an
+    Average that is not a plain sum then division). One lookup per call on the hot paths."""
+    key = (arr.dtype, arr.shape, op)
+    plan = _PLANS.get(key)
+    if plan is None:
+        spec = SUPPORTED.get(arr.dtype)
+        if spec is None or (op == ReduceOp.Average and (not spec.is_float or spec.is_16bit_float)):
+            return None
+        plan = (spec, _fields("allreduce", spec, arr.shape, op, 1.0, 1.0, Compression.none))
+        if len(_PLANS) < 1024:
+            _PLANS[key] = plan
+    return plan
 
 
 def _lone_allreduce(arr: np.ndarray, op: ReduceOp, name: str | None, out: np.ndarray | None, process_set=None):
     """The lean path of a plain (no compression, no scale factors) numpy allreduce: the
     engine runs it without building a Request when nothing else is queued.
     Returns None where the general path must take the call (it also raises any errors)."""
-    key = (arr.dtype, arr.shape, op)
-    plan = _PLANS.get(key)
+    plan = _plain_plan(arr, op)
     if plan is None:
-        spec = SUPPORTED.get(arr.dtype)
-        if spec is None or (op == ReduceOp.Average and (not spec.is_float or spec.is_16bit_float)):
-            return None  # an error, or an Average that is not a plain sum then division
-        plan = (spec, _fields("allreduce", spec, arr.shape, op, 1.0, 1.0, Compression.none))
-        if len(_PLANS) < 1024:
-            _PLANS[key] = plan
-
+        return None
     rt = runtime_of(process_set)
 
     def request(assigned: str) -> Request:
@@ -105,6 +114,7 @@ def _allreduce_request(rt: Runtime, kind: str, tensors: Sequence, outs: Sequence
     if first is None and is_device_tensor(tensors[0]):
         return device.allreduce_request(rt, kind, tensors, outs, op, name, compressor, prescale,
                                         postscale, grouped)
+    plan = None
     if grouped:
         arrays = [t if type(t) is np.ndarray else as_array(t) for t in tensors]
         spec = spec_of(arrays[0].dtype)
@@ -115,22 +125,25 @@ def _allreduce_request(rt: Runtime, kind: str, tensors: Sequence, outs: Sequence
         nbytes = sum([a.nbytes for a in arrays])
     else:
         arrays = [first if first is not None else as_array(tensors[0])]
-        spec = SUPPORTED.get(arrays[0].dtype) or spec_of(arrays[0].dtype)
+        if compressor is Compression.none and prescale == 1.0 and postscale == 1.0:
+            plan = _plain_plan(arrays[0], op)  # then every check below passes as it is
+        spec = plan[0] if plan is not None else SUPPORTED.get(arrays[0].dtype) or spec_of(arrays[0].dtype)
         shapes = arrays[0].shape
         nbytes = arrays[0].nbytes
-    if not spec.is_float:
-        check_op_for_dtype(op, spec, prescale, postscale)
-        compressor = Compression.none  # integers and bools travel as they are
-    if compressor.error_feedback and is_automatic(name):
-        raise ValueError(f"{compressor!r} keeps a residual per tensor name; give the tensor a name")
+    if plan is None:
+        if not spec.is_float:
+            check_op_for_dtype(op, spec, prescale, postscale)
+            compressor = Compression.none  # integers and bools travel as they are
+        if compressor.error_feedback and is_automatic(name):
+            raise ValueError(f"{compressor!r} keeps a residual per tensor name; give the tensor a name")
     if grouped:
         entries, block = _grouped_entries(tensors, arrays, spec.dtype)
     else:
         entries, block = [entry(tensors[0], arrays[0], outs[0])], None
     engine = rt.engine
-    fields = _fields(kind, spec, shapes, op, prescale, postscale, compressor)
+    fields = plan[1] if plan is not None else _fields(kind, spec, shapes, op, prescale, postscale, compressor)
     work = AllreduceWork(spec, op, prescale, postscale, entries, grouped, compressor, block=block)
-    request = Request(kind, name, fields, nbytes, Handle(engine, name), allreduce=work)
+    request = Request(kind, name, fields, nbytes, Handle(engine, name), work)
     return engine, request
 
 
