@@ -51,7 +51,8 @@ from .broadcast cimport vm_copy
 from .cycle cimport HASH, HEADER_WORDS, PAYLOAD_BYTES, block_bytes, combine_blocks, lone_payload, lone_result
 from .mpi cimport Link, TransportBase, back_off, now, reduce_fn_t
 
-from .._core.config import (SHM_ALLREDUCE_SINGLE_COPY_BYTES, SHM_HOT_SPIN_SECONDS, SHM_SINGLE_COPY_BYTES,
+from .._core.config import (SHM_ACTIVE_SPIN_SECONDS, SHM_ALLREDUCE_SINGLE_COPY_BYTES, SHM_HOT_SPIN_SECONDS,
+                            SHM_SINGLE_COPY_BYTES,
                             SHM_SINGLE_COPY_CHUNK_BYTES, WAIT_CYCLE_SPIN_SECONDS)
 from .._core.errors import FastringError
 
@@ -109,6 +110,7 @@ DEF SUB_BYTES = 32768   # the reduction's unit: a piece copied and reduced while
 
 cdef double _CYCLE_SPIN = WAIT_CYCLE_SPIN_SECONDS
 cdef double _HOT_SPIN = SHM_HOT_SPIN_SECONDS
+cdef double _ACTIVE_SPIN = SHM_ACTIVE_SPIN_SECONDS
 
 
 cdef inline int64_t _align(int64_t n, int64_t to) noexcept nogil:
@@ -138,10 +140,11 @@ cdef class SharedSegment:
     cdef public int64_t single_copy_bytes, allreduce_single_copy_bytes
     cdef char* scratch         # two chunks of private memory: an accumulator and a landing place
     # More ranks than this process may run on cores: a spinning wait yields its core at once.
-    # Otherwise only after SHM_HOT_SPIN_SECONDS: a yield may hand the core to any other
-    # runnable process for a whole slice, but a peer that has not arrived by then may be
-    # waiting for this very core.
+    # Otherwise only after SHM_HOT_SPIN_SECONDS (SHM_ACTIVE_SPIN_SECONDS in a run of back-to-back
+    # calls): a yield may hand the core to any other runnable process for a whole slice, but a
+    # peer that has not arrived by then may be waiting for this very core.
     cdef bint oversubscribed
+    cdef double last_left      # when this rank's last barrier ended (now())
     cdef TransportBase transport
     cdef object broken         # the error that left this rank out of step, or None
 
@@ -271,12 +274,13 @@ cdef class SharedSegment:
         cdef uint64_t target = self.seq
         cdef int r = 0, n = self.size
         cdef long tries = 0
-        cdef double start = 0, t, next_report = 0, pause_s = 0
+        cdef double start = 0, t, next_report = 0, pause_s = 0, hot = _HOT_SPIN
         cdef bint shared
         while True:
             while r < n and fr_load(self._word(r)) >= target:
                 r += 1
             if r == n:
+                self.last_left = now()
                 return 0
             tries += 1
             shared = self._word(r)[CPU_WORD] == cpu
@@ -286,12 +290,14 @@ cdef class SharedSegment:
             t = now()
             if start == 0:
                 start, next_report = t, t + interval
+                if start - self.last_left < _ACTIVE_SPIN:  # back to back (SHM_ACTIVE_SPIN_SECONDS)
+                    hot = _ACTIVE_SPIN
                 continue
             # The scheduler may have moved this rank since it arrived: onto the core its peer
             # last ran on, where spinning would keep the peer from arriving.
             cpu = <uint64_t> sched_getcpu()
             if t - start < spin:
-                if self.oversubscribed or shared or t - start > _HOT_SPIN:
+                if self.oversubscribed or shared or t - start > hot:
                     sched_yield()  # the peer we wait for may be waiting for this core
                 continue
             pause_s = back_off(pause_s, t - start)
