@@ -188,7 +188,8 @@ class Engine:
                 if small:
                     h = neg.signature_hash(name, fields)
                     outcome, clean = neg.lone_exchange(h, arr, result, neg.reducer(op, arr.dtype), name)
-                    clean = clean and self._settled_alone(outcome, h, name, fields)
+                    if clean:  # is_clean(outcome, h), as the transport found it
+                        self._settle(name, fields)
                 else:
                     clean, outcome, words, h = self._speculate_alone(name, fields, _no_payload)
                 if clean:
@@ -235,9 +236,13 @@ class Engine:
         and speculation goes on. The same step for every kind of cycle."""
         if not is_clean(outcome, h):
             return False
+        self._settle(name, fields)
+        return True
+
+    def _settle(self, name: str, fields: tuple) -> None:
+        """A cycle agreed on (name, fields) alone: the cache remembers it, speculation goes on."""
         self._speculate, self._keep_cycling = True, False
         self._neg.remember(name, fields)
-        return True
 
     def _lone_failed(self, req: Request, outcome: tuple, words: int) -> None:
         """Another rank proposed something else: queue `req` (unless the cycle ran it) and
