@@ -96,6 +96,9 @@ def _lone_allreduce(arr: np.ndarray, op: ReduceOp, name: str | None, out: np.nda
 def _host_view(tensor) -> np.ndarray | None:
     """A host tensor's memory as a numpy array for the lean path; None where the general path
     must take it (a device tensor, or one it cannot read, which the general path explains)."""
+    view = host_view(tensor)
+    if view is not None:
+        return view
     try:
         return None if is_device_tensor(tensor) else as_array(tensor)
     except (TypeError, NotImplementedError):
