@@ -154,6 +154,32 @@ def test_local_argument_errors(one_rank):
         hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), named_parameters=named[1:])
 
 
+def test_quick_host_view_and_the_async_path_of_every_kind_of_tensor(one_rank):
+    """The hot path's quick view (fastring._core.tensor.host_view) shares a plain CPU tensor's
+    memory and leaves every other tensor to the general path, which still gets each right."""
+    from fastring._core.tensor import host_view
+
+    t = torch.arange(6, dtype=torch.int32).reshape(2, 3)
+    view = host_view(t)
+    assert view is not None and view.ctypes.data == t.data_ptr() and view.shape == (2, 3)
+    grad = torch.ones(3, requires_grad=True)
+    bf16 = torch.tensor([1.5, -2.0], dtype=torch.bfloat16)
+    conj = torch.tensor([1 + 2j, 3 - 1j]).conj()
+    for other in (grad, bf16, conj, t.to("meta"), bytearray(b"ab")):
+        assert host_view(other) is None, other
+    # through allreduce_async_ + synchronize: in place, exact on one rank
+    for x in (torch.arange(-5, 5, dtype=torch.int64), bf16.clone(), torch.ones(4, dtype=torch.float16) / 3):
+        expected = x.clone()
+        assert hvd.synchronize(hvd.allreduce_async_(x, op=hvd.Sum)) is x
+        assert torch.equal(x, expected) and x.dtype == expected.dtype
+    assert torch.equal(hvd.synchronize(hvd.allreduce_async(grad.detach() * 2, op=hvd.Sum)), torch.full((3,), 2.0))
+    assert torch.equal(hvd.allreduce(grad, op=hvd.Sum), torch.ones(3))  # requires_grad: the general path
+    with pytest.raises(TypeError, match="complex"):
+        hvd.allreduce_async_(conj.resolve_conj(), op=hvd.Sum)
+    with pytest.raises(NotImplementedError, match="meta"):
+        hvd.synchronize(hvd.allreduce_async_(t.to("meta"), op=hvd.Sum))
+
+
 def test_distributed_optimizer_is_the_wrapped_class_and_shares_its_state(one_rank):
     model = torch.nn.Linear(3, 1)
     base = torch.optim.Adam(model.parameters(), lr=0.1)

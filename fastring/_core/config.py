@@ -89,6 +89,13 @@ SHM_SINGLE_COPY_CHUNK_BYTES = 1 << 20
 # a loaded machine the peer may be queued behind this very core, and a round barrier that
 # spins it out stalls both ranks for a time slice (BENCHMARKS.md, issue 18).
 SHM_HOT_SPIN_SECONDS = 50e-6
+# ...unless this rank left its previous barrier less than this long ago: the ranks are in a run
+# of back-to-back collectives, and a peer that is late has been preempted on its own core (or
+# is in Python between calls), not queued behind this one (that shows in the core it
+# publishes). Then the wait spins this long before it yields: a yield on a loaded machine hands
+# the core to another process for a whole slice, the peer's next wait then outlasts the hot
+# spin and yields in turn, and the pair stays in that slow state call after call.
+SHM_ACTIVE_SPIN_SECONDS = 1e-3
 # A negotiation cycle's slot in the segment: the header, the bit vectors of a full response
 # cache (16,384 entries: 4 KiB) and SMALL_MESSAGE_BYTES of payload.
 SHM_CYCLE_BYTES = 80 * 1024

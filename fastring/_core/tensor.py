@@ -30,6 +30,9 @@ class TensorAdapter:
     """
     to_array: Callable[[Any, str], np.ndarray]
     like: Callable[[Any, np.ndarray], Any]
+    # quick(tensor): the numpy view of a plain host tensor, or None where `to_array` must look
+    # (another device, autograd, a dtype numpy lacks); the hot path's first try
+    quick: Callable[[Any], np.ndarray | None] | None = None
 
 
 _ADAPTERS: dict[str, TensorAdapter] = {}
@@ -48,6 +51,29 @@ def _adapter(tensor) -> TensorAdapter | None:
         return found
 
 
+# tensor type -> its adapter's quick view (None: none); looked up on every call of the hot paths
+_QUICK: dict[type, Callable[[Any], np.ndarray | None] | None] = {}
+
+
+def host_view(tensor) -> np.ndarray | None:
+    """The numpy view of a plain host tensor whose framework's adapter has a quick view, or
+    None: then `as_array` (and the device check before it) must look at it.
+
+    Example:
+        >>> host_view(bytearray(b"ab")) is None   # no adapter: as_array reads it
+        True
+    """
+    kind = type(tensor)
+    try:
+        quick = _QUICK[kind]
+    except KeyError:
+        adapter = _adapter(tensor)
+        quick = adapter.quick if adapter is not None else None
+        if len(_QUICK) < 256:  # types made at run time must not pile up
+            _QUICK[kind] = quick
+    return quick(tensor) if quick is not None else None
+
+
 def register_adapter(module: str, adapter: TensorAdapter) -> None:
     """Use `adapter` for every tensor whose type is defined in top-level module `module`.
 
@@ -61,6 +87,7 @@ def register_adapter(module: str, adapter: TensorAdapter) -> None:
     """
     _ADAPTERS[module] = adapter
     _BY_TYPE.clear()
+    _QUICK.clear()
 
 
 def as_array(tensor, what: str = "tensor") -> np.ndarray:
@@ -128,6 +155,15 @@ def like(template, array: np.ndarray):
     return array
 
 
+def _torch_quick(tensor) -> np.ndarray | None:
+    if tensor.is_cpu and not tensor.requires_grad:
+        try:
+            return tensor.numpy()
+        except (TypeError, RuntimeError):  # bfloat16, a conjugate view: _torch_as_array decides
+            return None
+    return None
+
+
 def _torch_like(template, array: np.ndarray):
     import torch
 
@@ -141,4 +177,4 @@ def _torch_like(template, array: np.ndarray):
     return torch.from_dlpack(array)
 
 
-register_adapter("torch", TensorAdapter(_torch_as_array, _torch_like))
+register_adapter("torch", TensorAdapter(_torch_as_array, _torch_like, _torch_quick))

@@ -1,7 +1,9 @@
 # The engine's negotiation cycle: one small allreduce of a header, bit vectors and an optional
 # speculative payload, on the recursive-doubling schedule.
 
-from libc.stdint cimport int64_t, uintptr_t
+from libc.stdint cimport int64_t, uint64_t, uintptr_t
+
+cimport numpy as cnp
 
 from .mpi cimport TransportBase, reduce_fn_t
 
@@ -25,3 +27,14 @@ cdef tuple exchange(TransportBase t, uintptr_t block, int64_t vector_words, int6
 cdef int64_t block_bytes(int64_t words, char* block) noexcept nogil
 cdef void combine_blocks(int64_t words, int64_t vector_words, reduce_fn_t reduce, int64_t itemsize,
                          char* first, char* second) noexcept nogil
+
+
+# A lone cycle: this rank proposes one small allreduce alone, its bytes as the payload
+# (`lone_payload` checks both arrays, before anything moves, and writes the block, whose bit
+# words must be zero), and the reduction goes to `dst` (unless it is None) only when the
+# outcome is clean (`lone_result`, which returns whether it was). Shared by
+# Transport.lone_cycle and SharedSegment.lone_cycle.
+cdef int lone_payload(uintptr_t block, int64_t vector_words, int64_t capacity, uint64_t h,
+                      cnp.ndarray src, cnp.ndarray dst) except -1
+cdef bint lone_result(uintptr_t block, int64_t vector_words, uint64_t h, tuple outcome,
+                      cnp.ndarray dst) except -1

@@ -15,6 +15,8 @@ the engine report or abandon the cycle: the cycle has its own hook, not the data
 from libc.stdint cimport int64_t, uint64_t
 from libc.string cimport memcpy
 
+cimport numpy as cnp
+
 cimport mpi4py.libmpi as mpi
 from mpi4py.libmpi cimport MPI_Request
 
@@ -22,6 +24,8 @@ from .doubling cimport Exchange, doubling_allreduce
 from .mpi cimport SENT_TO, Link, check, reduce_fn_t, wait, wait1
 
 from .._core.config import WAIT_CYCLE_SPIN_SECONDS
+
+cnp.import_array()
 
 CYCLE_HEADER_WORDS = HEADER_WORDS
 SPECULATION_FAILED = 0xFFFFFFFFFFFFFFFF
@@ -136,3 +140,34 @@ cdef void combine_blocks(int64_t words, int64_t vector_words, reduce_fn_t reduce
 
 cdef void _cycle_copy(void* ctx, char* dst, char* src) noexcept nogil:
     memcpy(dst, src, _block_bytes(<_Cycle*> ctx, src))
+
+
+cdef int lone_payload(uintptr_t block, int64_t vector_words, int64_t capacity, uint64_t h,
+                      cnp.ndarray src, cnp.ndarray dst) except -1:
+    if not cnp.PyArray_IS_C_CONTIGUOUS(src):
+        raise ValueError("a lone cycle's payload must be C-contiguous")
+    cdef int64_t nbytes = cnp.PyArray_NBYTES(src)
+    if nbytes > capacity:
+        raise ValueError(f"a lone cycle's payload must fit in {capacity} bytes, got {nbytes}")
+    if dst is not None and not (cnp.PyArray_IS_C_CONTIGUOUS(dst) and cnp.PyArray_ISWRITEABLE(dst)
+                                and cnp.PyArray_NBYTES(dst) == nbytes):
+        raise ValueError(f"a lone cycle's result must be a C-contiguous, writeable array of {nbytes} "
+                         f"bytes, got {cnp.PyArray_NBYTES(dst)} bytes (C-contiguous: "
+                         f"{cnp.PyArray_IS_C_CONTIGUOUS(dst)}, writeable: {cnp.PyArray_ISWRITEABLE(dst)})")
+    cdef uint64_t* header = <uint64_t*> block
+    header[FLAGS] = 0
+    header[HASH] = h
+    header[PAYLOAD_BYTES] = <uint64_t> nbytes
+    memcpy(<char*> block + (HEADER_WORDS + 2 * vector_words) * 8, cnp.PyArray_DATA(src), nbytes)
+    return 0
+
+
+cdef bint lone_result(uintptr_t block, int64_t vector_words, uint64_t h, tuple outcome,
+                      cnp.ndarray dst) except -1:
+    cdef uint64_t* header = <uint64_t*> block
+    if header[FLAGS] != 0 or header[HASH] != h or outcome[2] or outcome[3]:
+        return False
+    if dst is not None:
+        memcpy(cnp.PyArray_DATA(dst), <char*> block + (HEADER_WORDS + 2 * vector_words) * 8,
+               header[PAYLOAD_BYTES])
+    return True

@@ -48,10 +48,11 @@ from posix.types cimport off_t, pid_t
 from posix.unistd cimport close
 
 from .broadcast cimport vm_copy
-from .cycle cimport HASH, HEADER_WORDS, PAYLOAD_BYTES, block_bytes, combine_blocks
+from .cycle cimport HASH, HEADER_WORDS, PAYLOAD_BYTES, block_bytes, combine_blocks, lone_payload, lone_result
 from .mpi cimport Link, TransportBase, back_off, now, reduce_fn_t
 
-from .._core.config import (SHM_ALLREDUCE_SINGLE_COPY_BYTES, SHM_HOT_SPIN_SECONDS, SHM_SINGLE_COPY_BYTES,
+from .._core.config import (SHM_ACTIVE_SPIN_SECONDS, SHM_ALLREDUCE_SINGLE_COPY_BYTES, SHM_HOT_SPIN_SECONDS,
+                            SHM_SINGLE_COPY_BYTES,
                             SHM_SINGLE_COPY_CHUNK_BYTES, WAIT_CYCLE_SPIN_SECONDS)
 from .._core.errors import FastringError
 
@@ -109,6 +110,7 @@ DEF SUB_BYTES = 32768   # the reduction's unit: a piece copied and reduced while
 
 cdef double _CYCLE_SPIN = WAIT_CYCLE_SPIN_SECONDS
 cdef double _HOT_SPIN = SHM_HOT_SPIN_SECONDS
+cdef double _ACTIVE_SPIN = SHM_ACTIVE_SPIN_SECONDS
 
 
 ctypedef void (*finish_fn_t)(void* dst, int64_t count, int64_t divisor, double factor) noexcept nogil
@@ -141,10 +143,11 @@ cdef class SharedSegment:
     cdef public int64_t single_copy_bytes, allreduce_single_copy_bytes
     cdef char* scratch         # two chunks of private memory: an accumulator and a landing place
     # More ranks than this process may run on cores: a spinning wait yields its core at once.
-    # Otherwise only after SHM_HOT_SPIN_SECONDS: a yield may hand the core to any other
-    # runnable process for a whole slice, but a peer that has not arrived by then may be
-    # waiting for this very core.
+    # Otherwise only after SHM_HOT_SPIN_SECONDS (SHM_ACTIVE_SPIN_SECONDS in a run of back-to-back
+    # calls): a yield may hand the core to any other runnable process for a whole slice, but a
+    # peer that has not arrived by then may be waiting for this very core.
     cdef bint oversubscribed
+    cdef double last_left      # when this rank's last barrier ended (now())
     cdef TransportBase transport
     cdef object broken         # the error that left this rank out of step, or None
     # The running allreduce's finish (kernels.finish_cfunc, or NULL) and its arguments: the
@@ -279,12 +282,13 @@ cdef class SharedSegment:
         cdef uint64_t target = self.seq
         cdef int r = 0, n = self.size
         cdef long tries = 0
-        cdef double start = 0, t, next_report = 0, pause_s = 0
+        cdef double start = 0, t, next_report = 0, pause_s = 0, hot = _HOT_SPIN
         cdef bint shared
         while True:
             while r < n and fr_load(self._word(r)) >= target:
                 r += 1
             if r == n:
+                self.last_left = now()
                 return 0
             tries += 1
             shared = self._word(r)[CPU_WORD] == cpu
@@ -294,9 +298,14 @@ cdef class SharedSegment:
             t = now()
             if start == 0:
                 start, next_report = t, t + interval
+                if start - self.last_left < _ACTIVE_SPIN:  # back to back (SHM_ACTIVE_SPIN_SECONDS)
+                    hot = _ACTIVE_SPIN
                 continue
+            # The scheduler may have moved this rank since it arrived: onto the core its peer
+            # last ran on, where spinning would keep the peer from arriving.
+            cpu = <uint64_t> sched_getcpu()
             if t - start < spin:
-                if self.oversubscribed or shared or t - start > _HOT_SPIN:
+                if self.oversubscribed or shared or t - start > hot:
                     sched_yield()  # the peer we wait for may be waiting for this core
                 continue
             pause_s = back_off(pause_s, t - start)
@@ -508,12 +517,25 @@ cdef class SharedSegment:
         if err:
             self._raise_copy_error(err)
 
+    def staging(self, int64_t nbytes):
+        """This rank's buffer for the next data round, as `nbytes` bytes (a uint8 array over
+        the segment), or None when an allreduce of `nbytes` would not read its input from one
+        buffer (more than a buffer, or by single copy). An allreduce whose `src` is this view,
+        filled before the call and with nothing else through the segment in between, skips
+        copying its input in: a fused batch is gathered straight into the segment. The view is
+        valid until that call."""
+        self._check()
+        if nbytes <= 0 or nbytes > self.tile or self._single_copy(nbytes, self.allreduce_single_copy_bytes):
+            return None
+        return np.asarray(<unsigned char[:nbytes]> <unsigned char*> self._data(self.rank, self.data_rounds))
+
     cdef int _one_step(self, char* src, char* dst, int64_t nbytes, reduce_fn_t reduce,
                        int64_t itemsize) except -1 nogil:
         cdef uint64_t round_ = self.data_rounds
         cdef int r
         self.data_rounds += 1
-        memcpy(self._data(self.rank, round_), src, nbytes)
+        if src != self._data(self.rank, round_):  # else staged there (`staging`)
+            memcpy(self._data(self.rank, round_), src, nbytes)
         self._data_arrive()
         memcpy(dst, self._data(0, round_), nbytes)
         for r in range(1, self.size):
@@ -539,7 +561,7 @@ cdef class SharedSegment:
             mine = self._data(me, round_)
             s, d = src + done * itemsize, dst + done * itemsize
             for r in range(n):
-                if r != me:
+                if r != me and s != mine:  # else the input was staged there (`staging`)
                     lo = r * base + min(r, extra)
                     hi = lo + base + (1 if r < extra else 0)
                     memcpy(mine + lo * itemsize, s + lo * itemsize, (hi - lo) * itemsize)
@@ -549,7 +571,8 @@ cdef class SharedSegment:
             off = lo
             while off < hi:
                 k = min(sub, hi - off)
-                memcpy(mine + off * itemsize, s + off * itemsize, k * itemsize)
+                if s != mine:
+                    memcpy(mine + off * itemsize, s + off * itemsize, k * itemsize)
                 for r in range(n):
                     if r != me:
                         reduce(mine + off * itemsize, self._data(r, round_) + off * itemsize, k)
@@ -905,6 +928,19 @@ cdef class SharedSegment:
         through the segment: every rank writes its block into its cycle slot, and after one
         barrier combines every slot, in rank order, into its own block, so that a
         negotiation cycle makes no MPI call."""
+        return self._cycle(block, vector_words, capacity, reduce_fn, itemsize, stall_seconds, on_stall)
+
+    def lone_cycle(self, uintptr_t block, int64_t vector_words, int64_t capacity, uintptr_t tmp,
+                   uintptr_t reduce_fn, int64_t itemsize, double stall_seconds, object on_stall,
+                   uint64_t h, cnp.ndarray src not None, cnp.ndarray dst):
+        """`Transport.lone_cycle` (same arguments and result; `tmp` is not needed) through the
+        segment: the whole lean path of a small synchronous allreduce in one call."""
+        lone_payload(block, vector_words, capacity, h, src, dst)
+        outcome = self._cycle(block, vector_words, capacity, reduce_fn, itemsize, stall_seconds, on_stall)
+        return outcome, lone_result(block, vector_words, h, outcome, dst)
+
+    cdef tuple _cycle(self, uintptr_t block, int64_t vector_words, int64_t capacity, uintptr_t reduce_fn,
+                      int64_t itemsize, double stall_seconds, object on_stall):
         self._check()
         cdef int64_t words = HEADER_WORDS + 2 * vector_words
         if words * 8 + capacity > self.cycle_bytes:

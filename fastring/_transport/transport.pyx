@@ -7,15 +7,19 @@ in the module of their algorithm (ring, doubling, cycle, broadcast); the chunk r
 are Numba cfuncs, passed in as C function pointers.
 """
 
-from libc.stdint cimport int64_t, uintptr_t
+from libc.stdint cimport int64_t, uint64_t, uintptr_t
+
+cimport numpy as cnp
 
 from .broadcast cimport probe_single_copy
-from .cycle cimport exchange
+from .cycle cimport exchange, lone_payload, lone_result
 from .doubling cimport recursive_doubling
 from .mpi cimport TransportBase, check_offsets, reduce_fn_t
 from .ring cimport (IN_SCRATCH, WireSteps, allgather, allreduce_wire, check_ring_args,
                     reduce_scatter, wire_fn_t)
 from .tags cimport Tag
+
+cnp.import_array()
 
 
 cdef class Transport(TransportBase):
@@ -98,6 +102,21 @@ cdef class Transport(TransportBase):
         """
         return exchange(self, block, vector_words, capacity, tmp, reduce_fn, itemsize,
                         stall_seconds, on_stall, tag)
+
+    def lone_cycle(self, uintptr_t block, int64_t vector_words, int64_t capacity, uintptr_t tmp,
+                   uintptr_t reduce_fn, int64_t itemsize, double stall_seconds, object on_stall,
+                   uint64_t h, cnp.ndarray src not None, cnp.ndarray dst):
+        """A cycle (`cycle_exchange`, same first arguments) in which this rank proposes request
+        `h` alone, with `src` (C-contiguous, at most `capacity` bytes) as its payload; the bit
+        words of `block` must be zero. When the outcome is clean (every rank proposed `h` and
+        nothing else waits anywhere) the reduction is copied into `dst` (writeable,
+        C-contiguous, as many bytes as `src`; None: it stays in the block's payload). Returns
+        (the outcome, whether it was clean): the whole lean path of a small synchronous
+        allreduce in one call."""
+        lone_payload(block, vector_words, capacity, h, src, dst)
+        outcome = exchange(self, block, vector_words, capacity, tmp, reduce_fn, itemsize,
+                           stall_seconds, on_stall, Tag.CYCLE)
+        return outcome, lone_result(block, vector_words, h, outcome, dst)
 
     def ring_allreduce_wire(self, uintptr_t src, uintptr_t dst, const int64_t[::1] offsets,
                             uintptr_t tmp, int64_t segment, uintptr_t encode_fn, uintptr_t hop_fn,

@@ -30,6 +30,12 @@ class SharedMemory:
     available = accepts
 
     @staticmethod
+    def staging(rt, nbytes: int):
+        """Where a caller may gather a batch's `nbytes` of input for `run` to read as its `src`
+        without copying it in (this rank's next buffer of the segment), or None."""
+        return rt.shm.staging(nbytes)
+
+    @staticmethod
     def run(rt, r: Reduction) -> None:
         flat, spec = r.flat, r.spec
         src = flat if r.src is None else r.src

@@ -14,7 +14,7 @@ from .._core.device import is_device_tensor
 from .._core.dtypes import SUPPORTED, DtypeSpec, spec_of
 from .._core.ops import OP_NAMES, ReduceOp, as_reduce_op
 from .._core.runtime import Runtime
-from .._core.tensor import as_array, like
+from .._core.tensor import as_array, host_view, like
 from .._core.work import AllreduceWork, Entry
 from ..engine import Handle, Request
 from .process_sets import global_rank, runtime_of
@@ -58,24 +58,33 @@ def _fields(kind: str, spec: DtypeSpec, shapes: tuple, op: ReduceOp, prescale: f
     return fields
 
 
-# (dtype, shape, op) -> (spec, fields) of a plain numpy allreduce, for _lone_allreduce
+# (dtype, shape, op) -> (spec, fields) of a plain allreduce, for _plain_plan
 _PLANS: dict[tuple, tuple] = {}
+
+
+def _plain_plan(arr: np.ndarray, op: ReduceOp) -> tuple[DtypeSpec, tuple] | None:
+    """(spec, fields) of a plain (no compression, no scale factors) allreduce of `arr` that
+    passes every check as it is, or None where the general path must look (an error, or an
+    Average that is not a plain sum then division). One lookup per call on the hot paths."""
+    key = (arr.dtype, arr.shape, op)
+    plan = _PLANS.get(key)
+    if plan is None:
+        spec = SUPPORTED.get(arr.dtype)
+        if spec is None or (op == ReduceOp.Average and (not spec.is_float or spec.is_16bit_float)):
+            return None
+        plan = (spec, _fields("allreduce", spec, arr.shape, op, 1.0, 1.0, Compression.none))
+        if len(_PLANS) < 1024:
+            _PLANS[key] = plan
+    return plan
 
 
 def _lone_allreduce(arr: np.ndarray, op: ReduceOp, name: str | None, out: np.ndarray | None, process_set=None):
     """The lean path of a plain (no compression, no scale factors) numpy allreduce: the
     engine runs it without building a Request when nothing else is queued.
     Returns None where the general path must take the call (it also raises any errors)."""
-    key = (arr.dtype, arr.shape, op)
-    plan = _PLANS.get(key)
+    plan = _plain_plan(arr, op)
     if plan is None:
-        spec = SUPPORTED.get(arr.dtype)
-        if spec is None or (op == ReduceOp.Average and (not spec.is_float or spec.is_16bit_float)):
-            return None  # an error, or an Average that is not a plain sum then division
-        plan = (spec, _fields("allreduce", spec, arr.shape, op, 1.0, 1.0, Compression.none))
-        if len(_PLANS) < 1024:
-            _PLANS[key] = plan
-
+        return None
     rt = runtime_of(process_set)
 
     def request(assigned: str) -> Request:
@@ -87,6 +96,9 @@ def _lone_allreduce(arr: np.ndarray, op: ReduceOp, name: str | None, out: np.nda
 def _host_view(tensor) -> np.ndarray | None:
     """A host tensor's memory as a numpy array for the lean path; None where the general path
     must take it (a device tensor, or one it cannot read, which the general path explains)."""
+    view = host_view(tensor)
+    if view is not None:
+        return view
     try:
         return None if is_device_tensor(tensor) else as_array(tensor)
     except (TypeError, NotImplementedError):
@@ -101,9 +113,11 @@ def _allreduce_request(rt: Runtime, kind: str, tensors: Sequence, outs: Sequence
     op = op if type(op) is ReduceOp else as_reduce_op(op)
     prescale = prescale_factor if type(prescale_factor) is float else factor(prescale_factor, "prescale_factor")
     postscale = postscale_factor if type(postscale_factor) is float else factor(postscale_factor, "postscale_factor")
-    if type(tensors[0]) is not np.ndarray and is_device_tensor(tensors[0]):
+    first = tensors[0] if type(tensors[0]) is np.ndarray else host_view(tensors[0])
+    if first is None and is_device_tensor(tensors[0]):
         return device.allreduce_request(rt, kind, tensors, outs, op, name, compressor, prescale,
                                         postscale, grouped)
+    plan = None
     if grouped:
         arrays = [t if type(t) is np.ndarray else as_array(t) for t in tensors]
         spec = spec_of(arrays[0].dtype)
@@ -113,23 +127,26 @@ def _allreduce_request(rt: Runtime, kind: str, tensors: Sequence, outs: Sequence
         shapes = tuple([a.shape for a in arrays])
         nbytes = sum([a.nbytes for a in arrays])
     else:
-        arrays = [tensors[0] if type(tensors[0]) is np.ndarray else as_array(tensors[0])]
-        spec = SUPPORTED.get(arrays[0].dtype) or spec_of(arrays[0].dtype)
+        arrays = [first if first is not None else as_array(tensors[0])]
+        if compressor is Compression.none and prescale == 1.0 and postscale == 1.0:
+            plan = _plain_plan(arrays[0], op)  # then every check below passes as it is
+        spec = plan[0] if plan is not None else SUPPORTED.get(arrays[0].dtype) or spec_of(arrays[0].dtype)
         shapes = arrays[0].shape
         nbytes = arrays[0].nbytes
-    if not spec.is_float:
-        check_op_for_dtype(op, spec, prescale, postscale)
-        compressor = Compression.none  # integers and bools travel as they are
-    if compressor.error_feedback and is_automatic(name):
-        raise ValueError(f"{compressor!r} keeps a residual per tensor name; give the tensor a name")
+    if plan is None:
+        if not spec.is_float:
+            check_op_for_dtype(op, spec, prescale, postscale)
+            compressor = Compression.none  # integers and bools travel as they are
+        if compressor.error_feedback and is_automatic(name):
+            raise ValueError(f"{compressor!r} keeps a residual per tensor name; give the tensor a name")
     if grouped:
         entries, block = _grouped_entries(tensors, arrays, spec.dtype)
     else:
         entries, block = [entry(tensors[0], arrays[0], outs[0])], None
     engine = rt.engine
-    fields = _fields(kind, spec, shapes, op, prescale, postscale, compressor)
+    fields = plan[1] if plan is not None else _fields(kind, spec, shapes, op, prescale, postscale, compressor)
     work = AllreduceWork(spec, op, prescale, postscale, entries, grouped, compressor, block=block)
-    request = Request(kind, name, fields, nbytes, Handle(engine, name), allreduce=work)
+    request = Request(kind, name, fields, nbytes, Handle(engine, name), work)
     return engine, request
 
 

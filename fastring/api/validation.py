@@ -51,6 +51,8 @@ def entry(tensor, arr: np.ndarray, out) -> Entry:
     if out is None:
         work = _pool.empty(arr.shape, arr.dtype)
         return Entry(arr, work, work, like(tensor, work))
+    if out is tensor and is_writable_c_contiguous(arr):  # in place: nothing else to check
+        return Entry(arr, arr, arr, out)
     target = arr if out is tensor else as_array(out, "out")
     if target.shape != arr.shape:
         raise ValueError(f"out has shape {target.shape}, the tensor {arr.shape}")

@@ -46,6 +46,11 @@ from .timeline import Timeline
 log = logging.getLogger("fastring")
 
 
+def _no_payload(words: int) -> tuple[int, tuple[int, int]]:
+    """The payload writer of a cycle that carries no data."""
+    return 0, NO_PAYLOAD
+
+
 class Engine:
     """Owner of one runtime's queued collectives (see the module docstring)."""
 
@@ -72,8 +77,8 @@ class Engine:
         self._running = True
         self._neg = Negotiation(rt.transport, StallReporter(self.config.stall_check_time,
                                                             self.config.stall_shutdown_time),
-                                rt.shm.cycle_exchange if getattr(rt, "shm", None) is not None else None)
-        self._executor = Executor(rt, self.timeline, self._complete)
+                                getattr(rt, "shm", None))
+        self._executor = Executor(rt, self.timeline, self._complete, self._complete_all)
         # Every wait of the data phase warns and gives up on time too (stall.DataStallReporter);
         # only a rank with a deadline abandons, so only then can an abandon notice come.
         self._data_stall = DataStallReporter(
@@ -159,10 +164,11 @@ class Engine:
                        fields: tuple, out: np.ndarray | None, request: Callable[[str], Request]):
         """A synchronous plain host allreduce (no compression, no scale factors, `fields` as
         the general path would build them) while nothing is queued here: `_speculate_alone`,
-        carrying the data itself when it is small, then the reduction, without building a
-        Request unless the ranks disagree (`request(name)` builds it then). The result goes to
-        `out` (`arr` itself: in place), or to a new array when it is None. Returns the result,
-        or None when the general path must take the call; nothing has happened then."""
+        carrying the data itself when it is small (one transport call, `Negotiation.lone_exchange`),
+        then the reduction, without building a Request unless the ranks disagree (`request(name)`
+        builds it then). The result goes to `out` (`arr` itself: in place), or to a new array
+        when it is None. Returns the result, or None when the general path must take the call;
+        nothing has happened then."""
         if not (self._idle() and is_c_contiguous(arr)
                 and (out is None or (is_writable_c_contiguous(out) and (
                     out is arr or (out.shape == arr.shape and out.dtype == arr.dtype))))):
@@ -175,14 +181,17 @@ class Engine:
                 if self._pending or self._keep_cycling:
                     return None
                 name = name or self.auto_name("allreduce")
+                neg = self._neg
+                words = neg.words
                 small = algorithms.InCycle.fits(arr.nbytes)
-
-                def write(words: int) -> tuple[int, tuple[int, int]]:
-                    if not small:
-                        return 0, NO_PAYLOAD
-                    copy_from_array(self._neg.payload_address(words), arr)
-                    return arr.nbytes, self._neg.reducer(op, arr.dtype)
-                clean, outcome, words, h = self._speculate_alone(name, fields, write)
+                result = _pool.empty(arr.shape, arr.dtype) if out is None else out
+                if small:
+                    h = neg.signature_hash(name, fields)
+                    outcome, clean = neg.lone_exchange(h, arr, result, neg.reducer(op, arr.dtype), name)
+                    if clean:  # is_clean(outcome, h), as the transport found it
+                        self._settle(name, fields)
+                else:
+                    clean, outcome, words, h = self._speculate_alone(name, fields, _no_payload)
                 if clean:
                     self._completed += 1
                 else:
@@ -194,10 +203,8 @@ class Engine:
                 raise
             if clean:
                 # as in execution, an error of the reduction itself is the caller's alone
-                result = _pool.empty(arr.shape, arr.dtype) if out is None else out
                 divide = Finish(self.rt.size, 1.0) if op == ReduceOp.Average and self.rt.size > 1 else nothing
                 if small:
-                    copy_to_array(result, self._neg.payload_address(words))
                     if divide is not nothing:
                         divide(result.reshape(-1))
                 else:
@@ -229,9 +236,13 @@ class Engine:
         and speculation goes on. The same step for every kind of cycle."""
         if not is_clean(outcome, h):
             return False
+        self._settle(name, fields)
+        return True
+
+    def _settle(self, name: str, fields: tuple) -> None:
+        """A cycle agreed on (name, fields) alone: the cache remembers it, speculation goes on."""
         self._speculate, self._keep_cycling = True, False
         self._neg.remember(name, fields)
-        return True
 
     def _lone_failed(self, req: Request, outcome: tuple, words: int) -> None:
         """Another rank proposed something else: queue `req` (unless the cycle ran it) and
@@ -399,10 +410,10 @@ class Engine:
                     continue
                 entry = self._neg.cache.get(r.name)
                 if entry is not None and entry[1] == r.fields:
-                    self._neg.set_cached(entry[0], words)
                     cached[entry[0]] = r
                 else:
                     flags |= HAS_UNCACHED
+            self._neg.set_cached(cached, words)
         elif time.monotonic() >= spec_req.next_report:
             flags |= WANT_REPORT
         return flags, cached
@@ -526,6 +537,21 @@ class Engine:
         self.timeline.end(req.name, "queued")
         self._completed += 1
         req.handle._finish(result, error)
+
+    def _complete_all(self, reqs: list[Request], results: list) -> None:
+        """`_complete` of each of `reqs` with its result, the queue locked once (a fused batch
+        of small tensors completes at a microsecond less each)."""
+        pending = self._pending
+        with self._queue_lock:
+            for req in reqs:
+                if pending.get(req.name) is req:
+                    del pending[req.name]
+        if self.timeline.recording:
+            for req in reqs:
+                self.timeline.end(req.name, "queued")
+        self._completed += len(reqs)
+        for req, result in zip(reqs, results):
+            req.handle._finish(result)
 
     # ----------------------------------------------------------------- join
     def join(self) -> int:

@@ -17,14 +17,21 @@ from .request import Request
 Complete = Callable[..., None]  # complete(request, result=None, error=None)
 
 
+def _plain(work: AllreduceWork, size: int) -> bool:
+    """Whether `work`'s input is reduced as it is: no prescale, no division before the sum, no
+    error feedback (then packing it is a plain copy)."""
+    return work.prescale == 1.0 and not predivides(work, size) and not work.compression.error_feedback
+
+
 class Executor:
     """Runs agreed requests for one engine; `complete` hands each request its outcome."""
 
-    def __init__(self, rt, timeline, complete: Complete):
+    def __init__(self, rt, timeline, complete: Complete, complete_all: Callable[[list, list], None]):
         self.rt = rt
         self.config = rt.config
         self.timeline = timeline
         self.complete = complete
+        self.complete_all = complete_all  # complete_all(requests, results): each with its result
         self._fusion = np.empty(0, np.uint8)
         self.residuals = Residuals()  # error feedback by tensor name, least recently used dropped
         # (what, tensor names) running now: what a data-phase stall names (stall.DataStallReporter)
@@ -90,7 +97,12 @@ class Executor:
         own = work.own_buffer() if len(batch) == 1 else None
         if own is not None and own.dtype == work.accumulator and not work.splits_average:
             src = self._unscaled_source(work, algorithm)
-            if src is None:
+            staged = self._staging(algorithm, own) if work.block is not None and _plain(work, self.rt.size) else None
+            if staged is not None:
+                with self.timeline.span(names, "pack"):
+                    np.concatenate([e.src for e in work.entries], axis=None, out=staged)
+                src = staged
+            elif src is None:
                 with self.timeline.span(names, "pack"):
                     if work.block is not None:
                         # one memcpy-speed call; a loop of np.copyto costs twice as much at 100 tensors
@@ -111,26 +123,30 @@ class Executor:
         flat = self._fusion_view(sum(counts), accumulator)
         # A batch of plain tensors (the common case: gradients) packs in one call; one
         # pack() per tensor costs microseconds each in Python.
-        plain = (in_own_dtype and work.prescale == 1.0 and not predivides(work, self.rt.size)
-                 and not work.compression.error_feedback and all(len(r.allreduce.entries) == 1 for r in batch))
+        plain = (in_own_dtype and _plain(work, self.rt.size)
+                 and all(len(r.allreduce.entries) == 1 for r in batch))
+        staged = self._staging(algorithm, flat) if plain else None
         with self.timeline.span(names, "pack"):
             if plain:
-                np.concatenate([r.allreduce.entries[0].src for r in batch], axis=None, out=flat)
+                np.concatenate([r.allreduce.entries[0].src for r in batch], axis=None,
+                               out=flat if staged is None else staged)
             else:
                 offset = 0
                 for r, n in zip(batch, counts):
                     pack(r.allreduce, flat[offset:offset + n], self.rt.size)
                     self._feed_back_error(r, flat[offset:offset + n])
                     offset += n
-        self.reduce(algorithm, names, flat, work)
+        self.reduce(algorithm, names, flat, work, staged)
         if plain and not self.timeline.recording and scatter_to_arrays(
                 flat, [r.allreduce.entries[0].work for r in batch]):
             # the plain batch unpacks in one call too: a copy per tensor costs a microsecond
+            results = []
             for r in batch:
                 e = r.allreduce.entries[0]
                 if e.target is not e.work:
                     np.copyto(e.target, e.work)
-                self.complete(r, [e.result] if r.allreduce.grouped else e.result)
+                results.append([e.result] if r.allreduce.grouped else e.result)
+            self.complete_all(batch, results)
             return
         offset = 0
         for r, n in zip(batch, counts):
@@ -143,6 +159,13 @@ class Executor:
         if self._fusion.nbytes < nbytes:
             self._fusion = np.empty(nbytes, np.uint8)
         return self._fusion[:nbytes].view(dtype)
+
+    def _staging(self, algorithm, flat: np.ndarray) -> np.ndarray | None:
+        """Where `algorithm` reads a batch's input as its `src` without copying it in (the
+        segment's buffer: `SharedMemory.staging`), as `flat`'s dtype and size; None if nowhere."""
+        staging = getattr(algorithm, "staging", None)
+        view = staging(self.rt, flat.nbytes) if staging is not None else None
+        return None if view is None else view.view(flat.dtype)
 
     def _unscaled_source(self, work: AllreduceWork, algorithm) -> np.ndarray | None:
         """The input a lone allreduce is reduced from where it lies (the ring and the

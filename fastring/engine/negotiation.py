@@ -27,7 +27,7 @@ from .._core.errors import FastringError
 from .._core.config import SMALL_MESSAGE_BYTES
 from .._core.ops import KERNEL_OP, ReduceOp
 from .._transport import CYCLE_HEADER_WORDS as HEADER_WORDS
-from .._transport import SPECULATION_FAILED, Tag, array_address
+from .._transport import SPECULATION_FAILED, Tag, array_address, copy_to_array
 
 HAS_UNCACHED = 1  # some rank has a request the cache does not know (or knows differently)
 WANT_REPORT = 2   # some rank has waited past FASTRING_STALL_CHECK_TIME: gather everything
@@ -100,11 +100,13 @@ class Negotiation:
     (and with it the number of bit-vector words) grows identically everywhere.
     """
 
-    def __init__(self, transport, stall_reporter, cycle_exchange=None):
-        """`cycle_exchange`: what runs a cycle, with `Transport.cycle_exchange`'s arguments
-        (default: the transport's, over MPI; on one host the shared segment's)."""
+    def __init__(self, transport, stall_reporter, cycles=None):
+        """`cycles`: what runs the cycles, with `Transport`'s `cycle_exchange` and `lone_cycle`
+        (default: the transport, over MPI; on one host the shared segment)."""
         self._transport = transport
-        self._cycle_exchange = cycle_exchange or transport.cycle_exchange
+        cycles = cycles or transport
+        self._cycle_exchange = cycles.cycle_exchange
+        self._lone_cycle = cycles.lone_cycle
         self.stall_reporter = stall_reporter
         # Only a rank with a stall deadline abandons cycles, so only then can a notice come.
         self._watch_abandon = stall_reporter.shutdown_after > 0 and transport.size > 1
@@ -179,11 +181,16 @@ class Negotiation:
         if words:
             self.block[HEADER_WORDS:HEADER_WORDS + 2 * words] = 0
 
-    def set_cached(self, bit: int, words: int) -> None:
-        """Mark cache entry `bit` as ready (AND word) and pending (OR word) on this rank."""
+    def set_cached(self, bits, words: int) -> None:
+        """Mark cache entries `bits` as ready (AND words) and pending (OR words) on this rank:
+        each word is written once, however many of its bits are set."""
+        masks: dict[int, int] = {}
+        for bit in bits:
+            masks[bit >> 6] = masks.get(bit >> 6, 0) | 1 << (bit & 63)
         header = self.header
-        header[HEADER_WORDS + (bit >> 6)] |= 1 << (bit & 63)
-        header[HEADER_WORDS + words + (bit >> 6)] |= 1 << (bit & 63)
+        for i, mask in masks.items():
+            header[HEADER_WORDS + i] |= mask
+            header[HEADER_WORDS + words + i] |= mask
 
     def ready_bits(self, words: int):
         """The cache entries every rank had ready in the last cycle."""
@@ -214,6 +221,30 @@ class Negotiation:
             self._bits_dirty = bool(outcome[2] or outcome[3])
             self._clean_words = words
         return outcome
+
+    def lone_exchange(self, h: int, src: np.ndarray, dst: np.ndarray, reducer: tuple[int, int],
+                      name: str) -> tuple[tuple, bool]:
+        """`exchange` of a cycle in which this rank proposes request `h` (named `name`) alone,
+        with `src`'s bytes (C-contiguous, at most SMALL_MESSAGE_BYTES) as its payload, in one
+        transport call: the result lands in `dst` (writeable, C-contiguous, as many bytes) only
+        when the outcome is clean. Returns (the outcome, whether it was clean)."""
+        words = self.words
+        if words and (self._bits_dirty or words != self._clean_words):
+            self.block[HEADER_WORDS:HEADER_WORDS + 2 * words] = 0
+        reporter = self.stall_reporter
+        reporter.names = (name,)
+        # With an abandon to watch for, the result waits in the block until the check is done:
+        # a cycle completed with an abandoned rank's leftovers must not touch the caller's array.
+        outcome, clean = self._lone_cycle(self.block_address, words, SMALL_MESSAGE_BYTES, self._block_tmp_address,
+                                          *reducer, reporter.interval, reporter, h, src,
+                                          None if self._watch_abandon else dst)
+        self._bits_dirty = bool(outcome[2] or outcome[3])
+        self._clean_words = words
+        if self._watch_abandon:
+            self.check_abandoned()
+            if clean:
+                copy_to_array(dst, self.payload_address(words))
+        return outcome, clean
 
     def abandon(self) -> None:
         """Tell every other rank that this one abandoned its cycles: what it left posted (a

@@ -82,7 +82,7 @@ def synchronize(handle):
         >>> hvd.synchronize(hvd.allreduce_async(torch.ones(2), op=hvd.Sum))   # on 1 rank
         tensor([1., 1.])
     """
-    if isinstance(handle, _Deferred):
+    if type(handle) is Handle or isinstance(handle, _Deferred):
         return handle.wait()
     return fastring.synchronize(handle)
 

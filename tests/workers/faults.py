@@ -5,8 +5,8 @@ Every rank prints `rank R pid P` first. The failing rank is the last one (V = si
 
 raise, exit0, exit3: V raises, exits 0 or exits 3 instead of calling the allreduce the others
     call; the others print `rank R: FastringError after X s: ...` when theirs fails.
-stop_negotiation: V stops itself (SIGSTOP) instead of calling a small allreduce, so the others
-    wait in the negotiation cycle.
+stop_negotiation: after 50 small allreduces back to back, V stops itself (SIGSTOP) instead of
+    calling the next, so the others wait in the negotiation cycle (the lean path's).
 stop_transfer, kill_transfer: the ranks loop over 64 MiB allreduces; after the second, a
     thread of V stops (SIGSTOP) or kills (SIGKILL) its own process, almost surely while the
     bytes move (the loop is nearly all transfer).
@@ -74,6 +74,12 @@ try:
         raise ValueError(f"rank {R} failed on purpose")
     if R == V and case in ("exit0", "exit3"):
         sys.exit(0 if case == "exit0" else 3)
+    if case == "stop_negotiation":
+        # back to back first: the waits that then find V gone spin as in a run of calls
+        # (SHM_ACTIVE_SPIN_SECONDS) and must still give up on time
+        for i in range(50):
+            fastring.allreduce(np.ones(4), name="warm")
+        began = time.monotonic()
     if R == V and case == "stop_negotiation":
         print(f"rank {R}: stopping", flush=True)
         os.kill(os.getpid(), signal.SIGSTOP)

@@ -27,8 +27,9 @@ import _common as c
 import fastring
 from fastring._core.config import SHM_ONE_STEP_BYTES, SHM_SINGLE_COPY_CHUNK_BYTES, SHM_TILE_BYTES
 from fastring._core.runtime import runtime
-from fastring._transport import array_address
+from fastring._transport import CYCLE_HEADER_WORDS, SPECULATION_FAILED, array_address
 from fastring import kernels
+from fastring.algorithms.shm import SharedMemory
 from fastring._core.ops import KERNEL_OP
 
 case = sys.argv[1]
@@ -76,7 +77,57 @@ rt = runtime()
 c.CHECKS.check(rt.shm is not None, f"the shared-memory path is off: {log.getvalue()}")
 c.CHECKS.check(not leftovers(), f"the segment is still linked in /dev/shm: {leftovers()}")
 c.CHECKS.check(rt.engine._neg._cycle_exchange == rt.shm.cycle_exchange, "the cycle does not run through the segment")
+c.CHECKS.check(rt.engine._neg._lone_cycle == rt.shm.lone_cycle, "the lone cycle does not run through the segment")
 c.CHECKS.check(rt.transport.single_copy, "single copy is off on one host")
+
+
+def lone_cycles(cycles, tag):
+    """`lone_cycle` (the lean path's one call) on `cycles` (the segment or the MPI transport):
+    the exact sum lands in `dst` only when every rank proposed the same request and nothing
+    else waits anywhere; otherwise `dst` is untouched; bad arrays are refused before anything
+    moves, so the ranks stay in step."""
+    words, capacity, count = 1, 4096, 1000
+    block = np.zeros(CYCLE_HEADER_WORDS + 2 * words + capacity // 8, np.uint64)
+    tmp = np.zeros_like(block)
+    fn = kernels.reduce_cfunc(KERNEL_OP[fastring.Sum], np.dtype(np.int32))
+    src = np.arange(count, dtype=np.int32) * (R + 1) - 3
+    expected = np.arange(count, dtype=np.int32) * (N * (N + 1) // 2) - 3 * N
+
+    def run(h, dst, data=src, pending=0):
+        block[:] = 0
+        block[CYCLE_HEADER_WORDS + words] = pending  # this rank's pending bit 0
+        return cycles.lone_cycle(array_address(block), words, capacity, array_address(tmp), fn, 4, 0.0, None,
+                                 h, data, dst)
+
+    dst = np.full(count, -7, np.int32)
+    outcome, clean = run(123, dst)
+    c.CHECKS.check(clean and outcome == (0, 123, False, False), f"lone {tag}: {outcome} {clean}")
+    c.check_close(f"lone {tag}", dst, expected, 0)
+    c.check_close(f"lone {tag} input", src, np.arange(count, dtype=np.int32) * (R + 1) - 3, 0)
+    for what, h, pending in (("another request on the last rank", 123 + (R == V), 0),
+                             ("a request pending on rank 0 only", 5, int(R == 0))):
+        dst[:] = -7
+        outcome, clean = run(h, dst, pending=pending)
+        c.CHECKS.check(not clean, f"lone {tag}, {what}: clean {outcome}")
+        c.CHECKS.check(bool(outcome[1] == SPECULATION_FAILED) == (pending == 0 and h != 5) and bool(outcome[2]) == (h == 5),
+                       f"lone {tag}, {what}: outcome {outcome}")
+        c.check_close(f"lone {tag}, {what}: dst untouched", dst, np.full(count, -7, np.int32), 0)
+    outcome, clean = run(9, None)  # the result stays in the block's payload
+    c.CHECKS.check(clean, f"lone {tag} without dst: {outcome}")
+    c.check_close(f"lone {tag} without dst", block[CYCLE_HEADER_WORDS + 2 * words:].view(np.int32)[:count], expected, 0)
+    readonly = np.zeros(count, np.int32)
+    readonly.flags.writeable = False
+    for what, data, into, words_ in (("a strided payload", np.zeros(2 * count, np.int32)[::2], dst, ("C-contiguous",)),
+                                     ("a payload too large", np.zeros(capacity // 4 + 1, np.int32), None, ("fit", "4096")),
+                                     ("a short result", src, dst[1:], ("3996", "4000 bytes")),
+                                     ("a read-only result", src, readonly, ("writeable",))):
+        c.expect_error(f"lone {tag}, {what}", lambda: run(1, into, data=data), ValueError, *words_)
+    dst[:] = -7
+    c.CHECKS.check(run(77, dst)[1], f"lone {tag}: the ranks fell out of step after the refused calls")
+    c.check_close(f"lone {tag} after the refused calls", dst, expected, 0)
+
+
+lone_cycles(rt.shm, "segment")
 
 
 def dtypes_and_ops(dtypes, lengths, tag):
@@ -236,6 +287,18 @@ def counted_alltoalls(tag):
 shm = rt.shm
 sum_f64 = kernels.reduce_cfunc(KERNEL_OP[fastring.Sum], np.dtype(np.float64))
 sum_f32 = kernels.reduce_cfunc(KERNEL_OP[fastring.Sum], np.dtype(np.float32))
+# staging: this rank's next buffer, from which an allreduce reads its input without copying
+# it in (one step, and one round of the rounds); none where single copy would run.
+sum_i32 = kernels.reduce_cfunc(KERNEL_OP[fastring.Sum], np.dtype(np.int32))
+for count in (1000, SHM_TILE_BYTES // 4 - 5):
+    view = shm.staging(count * 4).view(np.int32)
+    view[:] = np.arange(count, dtype=np.int32) * (R + 1) - R
+    out = np.full(count, -1, np.int32)
+    shm.allreduce(array_address(view), array_address(out), count * 4, sum_i32, 4, count * 4 <= SHM_ONE_STEP_BYTES)
+    c.check_close(f"staged n={count}", out, np.arange(count, dtype=np.int32) * (N * (N + 1) // 2) - N * (N - 1) // 2, 0)
+shm.allreduce_single_copy_bytes = 1 << 20
+c.CHECKS.check(shm.staging(1 << 20) is None and shm.staging((1 << 20) - 4) is not None,
+               "staging offered a buffer to a single-copy allreduce")
 # Every dtype and op, one step (above the cycle's 64 KiB) and by single copy (the threshold
 # lowered to 1 MiB: more than one chunk, the last one uneven, claimed by whichever rank is free).
 shm.allreduce_single_copy_bytes = shm.single_copy_bytes = 1 << 20
@@ -306,7 +369,11 @@ c.CHECKS.check(r is dst, "out= returned another object")
 c.check_close("out other", dst, exp, bound)
 c.check_close("out other input", src, xs[R], 0)
 
-# Fusion: 40 async requests of 30 KB fuse into batches that run through the segment.
+# Fusion: 40 async requests of 30 KB fuse into batches that run through the segment, each
+# batch gathered straight into this rank's buffer of the segment (counted).
+staged = []
+real_staging = SharedMemory.staging
+SharedMemory.staging = staticmethod(lambda rt_, nbytes: staged.append(nbytes) or real_staging(rt_, nbytes))
 parts = [[c.rank_input(np.dtype(np.int32), 7500, r, 100 + i) for r in range(N)] for i in range(40)]
 handles = [fastring.allreduce_async(p[R].copy(), op=fastring.Sum, name=f"fused.{i}") for i, p in enumerate(parts)]
 for i, h in enumerate(handles):
@@ -316,6 +383,26 @@ results = fastring.grouped_allreduce([g[R].copy() for g in grouped], op=fastring
 for i, g in enumerate(grouped):
     e, b = c.reference(g, fastring.Average, N)
     c.check_close(f"grouped {i}", results[i], e, b)
+# (a request that rides its negotiation cycle, as the first of the fused ones may, is not staged)
+c.CHECKS.check(staged[-1] == 100 * 40_000 and staged[:-1] and all(n % 30_000 == 0 for n in staged[:-1]),
+               f"the batches were not staged in the segment: {staged}")
+# Integers, exactly: a grouped Sum of a buffer's worth less a little (staged, in one round of
+# rounds), of a one-step size, and a fused batch of 130 cached requests (three words of cache
+# bits), run twice.
+for count, tag in ((SHM_TILE_BYTES // 4 // 50 - 7, "rounds"), (SHM_ONE_STEP_BYTES // 4 // 50 - 3, "one step")):
+    staged.clear()
+    gi = [[c.rank_input(np.dtype(np.int32), count, r, 400 + i) for r in range(N)] for i in range(50)]
+    outs = fastring.grouped_allreduce([g[R].copy() for g in gi], op=fastring.Sum, name=f"grouped int {tag}")
+    for i, g in enumerate(gi):
+        c.check_close(f"grouped int {tag} {i}", outs[i], np.add.reduce(np.stack(g)), 0)
+    c.CHECKS.check(staged == [50 * count * 4], f"grouped int {tag}: staged {staged}")
+small = [[c.rank_input(np.dtype(np.int64), 33, r, 500 + i) for r in range(N)] for i in range(130)]
+for round_ in range(2):
+    handles = [fastring.allreduce_async(p[R].copy(), op=fastring.Sum, name=f"small.{i}") for i, p in enumerate(small)]
+    for i, h in enumerate(handles):
+        c.check_close(f"small {round_} {i}", fastring.synchronize(h), np.add.reduce(np.stack(small[i])), 0)
+SharedMemory.staging = staticmethod(real_staging)
+c.CHECKS.check(shm.staging(SHM_TILE_BYTES + 1) is None and shm.staging(0) is None, "staging beyond a buffer")
 
 # Compression: the 16-bit wire format's rounding, on the same data as the plain call.
 cx = [c.rank_input(np.dtype(np.float32), 100_000, r, 300) for r in range(N)]
@@ -343,6 +430,7 @@ c.CHECKS.check(runtime().shm is None, "FASTRING_SHM=0 left the path on")
 c.CHECKS.check("shared-memory path off: FASTRING_SHM=0" in log.getvalue(), f"no reason logged: {log.getvalue()}")
 got = fastring.allreduce(xs[R].copy(), op=fastring.Sum, name="off")
 c.check_close("FASTRING_SHM=0", got, exp, bound)
+lone_cycles(runtime().transport, "MPI")
 os.environ["FASTRING_SHM"] = "1"
 fastring.shutdown()
 fastring.init()
