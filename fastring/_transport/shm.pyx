@@ -10,6 +10,7 @@ Layout (every area on its own cache lines):
     [address table of rank 0 | ... of rank n-1]            2n + 1 words each
     [cycle slot 0 and 1 of rank 0 | ... of rank n-1]       negotiation blocks
     [data buffer 0 and 1 of rank 0 | ... of rank n-1]      `tile` bytes each
+    [stream ring of rank 0 | ... of rank n-1]              `tile` bytes each (broadcasts)
 
 Synchronisation is one counter per rank: a rank that has written what the others need bumps
 its counter, and a rank that needs it waits until every counter has reached its own (a
@@ -52,7 +53,7 @@ from .cycle cimport HASH, HEADER_WORDS, PAYLOAD_BYTES, block_bytes, combine_bloc
 from .mpi cimport Link, TransportBase, back_off, now, reduce_fn_t
 
 from .._core.config import (SHM_ALLREDUCE_SINGLE_COPY_BYTES, SHM_HOT_SPIN_SECONDS, SHM_SINGLE_COPY_BYTES,
-                            SHM_SINGLE_COPY_CHUNK_BYTES, WAIT_CYCLE_SPIN_SECONDS)
+                            SHM_SINGLE_COPY_CHUNK_BYTES, SHM_STREAM_PIECE_BYTES, WAIT_CYCLE_SPIN_SECONDS)
 from .._core.errors import FastringError
 
 import os
@@ -106,6 +107,11 @@ DEF PAGE = 4096
 DEF PURE_SPINS = 2048   # loads before a wait reads the clock (and, oversubscribed, yields)
 DEF CPU_WORD = 3       # in a rank's sequence line: the core it last arrived from (1, 2: allgather counts)
 DEF SUB_BYTES = 32768   # the reduction's unit: a piece copied and reduced while in L1
+# In a rank's sequence line, on the second 64-byte half (away from the counter the barriers
+# poll): how far the streams it sent have been published, and how far it has read the
+# streams it received (both in bytes of the one stream position every rank counts alike).
+DEF STREAM_SENT = 8
+DEF STREAM_READ = 9
 
 cdef double _CYCLE_SPIN = WAIT_CYCLE_SPIN_SECONDS
 cdef double _HOT_SPIN = SHM_HOT_SPIN_SECONDS
@@ -133,6 +139,8 @@ cdef class SharedSegment:
     cdef uint64_t data_rounds, cycles
     cdef uint64_t claimed      # where the claim counter stands when every rank is between calls
     cdef int64_t chunk         # bytes per claimed chunk of a single-copy call
+    cdef int64_t stream_off, stream_piece
+    cdef uint64_t streamed     # the stream position: bytes every streamed broadcast so far moved
     # Where single copy starts (SHM_SINGLE_COPY_BYTES, SHM_ALLREDUCE_SINGLE_COPY_BYTES); tests
     # lower them, on every rank alike, to run small messages that way.
     cdef public int64_t single_copy_bytes, allreduce_single_copy_bytes
@@ -183,7 +191,10 @@ cdef class SharedSegment:
         if s.scratch == NULL:
             raise MemoryError()
         s.data_off = s.cycle_off + 2 * n * s.cycle_bytes
-        s.length = s.data_off + 2 * n * s.tile
+        s.stream_off = s.data_off + 2 * n * s.tile
+        # at least two pieces to a ring, so that the root writes one while a reader copies one
+        s.stream_piece = min(_align(SHM_STREAM_PIECE_BYTES, LINE), s.tile // 2 // LINE * LINE)
+        s.length = s.stream_off + n * s.tile
         name = ""
         why = None
         if me == 0:
@@ -262,19 +273,28 @@ cdef class SharedSegment:
         """Bump this rank's counter and wait until every rank's has reached it. Calls
         `hook(partner, seconds waited)` every `interval` seconds (0: never) while waiting."""
         self.seq += 1
-        # Where this rank runs, beside its counter: a peer that waits for it and finds it was
-        # last on the peer's own core yields at once, since it cannot arrive while the peer
+        self._publish(0, self.seq)
+        return self._await(0, self.seq, -1, -1, spin, interval, hook)
+
+    cdef inline void _publish(self, int word, uint64_t value) noexcept nogil:
+        # Where this rank runs, beside its counters: a peer that waits for it and finds it was
+        # last on the peer's own core yields at once, since it cannot go on while the peer
         # spins there (spinning first cost about 200 us a barrier in that state).
+        self._word(self.rank)[CPU_WORD] = <uint64_t> sched_getcpu()
+        fr_store(self._word(self.rank) + word, value)
+
+    cdef int _await(self, int word, uint64_t target, int only, int skip, double spin, double interval,
+                    void* hook) except -1 nogil:
+        """Wait until word `word` of rank `only`'s sequence line (-1: of every rank but `skip`)
+        has reached `target`; spins, then yields, then sleeps, calling the stall hook on time
+        (see `_arrive`)."""
         cdef uint64_t cpu = <uint64_t> sched_getcpu()
-        self._word(self.rank)[CPU_WORD] = cpu
-        fr_store(self._word(self.rank), self.seq)
-        cdef uint64_t target = self.seq
-        cdef int r = 0, n = self.size
+        cdef int r = 0 if only < 0 else only, n = self.size if only < 0 else only + 1
         cdef long tries = 0
         cdef double start = 0, t, next_report = 0, pause_s = 0
         cdef bint shared
         while True:
-            while r < n and fr_load(self._word(r)) >= target:
+            while r < n and (r == skip or fr_load(self._word(r) + word) >= target):
                 r += 1
             if r == n:
                 return 0
@@ -580,6 +600,49 @@ cdef class SharedSegment:
             raise
         if err:
             self._raise_copy_error(err)
+
+    def stream_broadcast(self, uintptr_t buf, int64_t nbytes, int root):
+        """Broadcast the `nbytes` at `buf` on rank `root` into `buf` on every other rank,
+        through the root's stream ring: the root copies the bytes into its ring in pieces of
+        SHM_STREAM_PIECE_BYTES, publishing how far it got after each, and every other rank
+        copies each piece out as soon as it is published and publishes how far it has read,
+        which frees ring space for the root's later pieces. No barrier: the readers copy
+        while the root writes, and each rank waits only for the piece, or the ring space, it
+        needs next, so the call takes about one copy's time plus a piece."""
+        self._check()
+        if not 0 <= root < self.size:
+            raise ValueError(f"root {root} is outside [0, {self.size})")
+        if nbytes < 0:
+            raise ValueError(f"nbytes must not be negative, got {nbytes}")
+        cdef int64_t ring = self.tile // self.stream_piece * self.stream_piece
+        # Every rank counts the same stream position; each call starts on a piece boundary,
+        # so that no piece straddles the end of the ring.
+        cdef uint64_t start = <uint64_t> _align(<int64_t> self.streamed, self.stream_piece)
+        cdef uint64_t end = start + <uint64_t> nbytes, at
+        cdef int64_t piece
+        cdef Link* link = &self.transport.link
+        cdef char* ring_base = self.base + self.stream_off + root * self.tile
+        self.streamed = end
+        try:
+            with nogil:
+                at = start
+                while at < end:
+                    piece = min(self.stream_piece, <int64_t> (end - at))
+                    if self.rank == root:
+                        if at + piece > <uint64_t> ring:  # ring space the readers must have left
+                            self._await(STREAM_READ, at + piece - ring, -1, root,
+                                        link.spin, link.interval, link.hook)
+                        memcpy(ring_base + at % ring, <char*> buf + (at - start), piece)
+                        self._publish(STREAM_SENT, at + piece)
+                    else:
+                        self._await(STREAM_SENT, at + piece, root, -1, link.spin, link.interval, link.hook)
+                        memcpy(<char*> buf + (at - start), ring_base + at % ring, piece)
+                        self._publish(STREAM_READ, at + piece)
+                    at += piece
+                self._publish(STREAM_READ, end)
+        except BaseException:
+            self._failed()
+            raise
 
     def allgather_rows(self, uintptr_t src, int64_t rows, int64_t row_bytes, object allocate):
         """An allgather whose row counts travel with the data: rank r contributes `rows`

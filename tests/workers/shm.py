@@ -5,7 +5,7 @@ check: the segment is mapped and already unlinked; every dtype x op through it, 
     large (by single copy: chunks claimed by whichever rank is free, uneven last chunk),
     Average and the postscale, out= into another array with the input left alone, fusion of
     async requests, grouped allreduce, compression, the negotiation cycle through it; the
-    other collectives' loops by single copy; a single copy that fails (a rank publishes an
+    other collectives' loops by single copy; streamed broadcasts; a single copy that fails (a rank publishes an
     address that is not mapped) raises on every rank and turns single copy off, after which
     the same large calls go in rounds through the segment's buffers; then FASTRING_SHM=0 falls
     back (and says why at debug level) and a second init maps a fresh segment.
@@ -25,7 +25,7 @@ import numpy as np
 
 import _common as c
 import fastring
-from fastring._core.config import SHM_ONE_STEP_BYTES, SHM_SINGLE_COPY_CHUNK_BYTES, SHM_TILE_BYTES
+from fastring._core.config import SHM_ONE_STEP_BYTES, SHM_SINGLE_COPY_CHUNK_BYTES, SHM_STREAM_PIECE_BYTES, SHM_TILE_BYTES
 from fastring._core.runtime import runtime
 from fastring._transport import array_address
 from fastring import kernels
@@ -136,6 +136,30 @@ def collectives_loops(tag, large):
     c.check_close(f"reduce_scatter {tag} input", values, inputs[R], 0)
 
 
+def streamed_broadcasts():
+    """SharedSegment.stream_broadcast: every root in turn, back to back with no barrier
+    between them (so a root may refill ring space a slower reader has only just freed):
+    empty, one byte, a piece and one byte either side, odd sizes, more than the ring (it wraps
+    within one call), several calls of most of a ring in a row; then bad arguments."""
+    piece = SHM_STREAM_PIECE_BYTES
+    ring = shm.tile_bytes
+    sizes = [0, 1, piece - 1, piece, piece + 1, 3 * piece + 13, 2 * ring + 5 * piece + 3] + [ring - 7] * 3
+    results = []
+    for k, nbytes in enumerate(sizes):
+        root = k % N
+        expect = ((np.arange(nbytes, dtype=np.int64) * 31 + 7 * k + root) % 251).astype(np.uint8)
+        buf = expect.copy() if R == root else np.full(nbytes, 255, np.uint8)
+        shm.stream_broadcast(array_address(buf), nbytes, root)
+        results.append((f"stream_broadcast {nbytes} B from {root}", buf, expect))
+    for tag, got, expect in results:  # checked after all ran: a late overwrite would show
+        c.check_close(tag, got, expect, 0)
+    buf = np.zeros(8, np.uint8)
+    c.expect_error("stream_broadcast bad root", lambda: shm.stream_broadcast(array_address(buf), 8, N),
+                   ValueError, "root")
+    c.expect_error("stream_broadcast negative size", lambda: shm.stream_broadcast(array_address(buf), -1, 0),
+                   ValueError, "negative")
+
+
 def counted_allgathers(tag):
     """allgather through the API, the row counts travelling in the data round's barrier
     (SharedSegment.allgather_rows): every dtype; uneven rows with one rank sending none;
@@ -219,6 +243,7 @@ shm.allreduce_single_copy_bytes = shm.single_copy_bytes = 1 << 20
 dtypes_and_ops(c.DTYPES, lambda dt: (SHM_ONE_STEP_BYTES // dt.itemsize - 1,
                                      2 * SHM_SINGLE_COPY_CHUNK_BYTES // dt.itemsize + N + 1), "single copy")
 collectives_loops("single copy", 1 << 20)
+streamed_broadcasts()
 counted_allgathers("single copy")
 counted_alltoalls("single copy")
 # and through the API: allgather of uneven row counts, alltoall with splits
