@@ -87,6 +87,10 @@ SHM_SINGLE_COPY_CHUNK_BYTES = 1 << 20
 # A broadcast on one host streams through the root's ring in the segment (SHM_TILE_BYTES) in
 # pieces of this many bytes: the readers copy a piece out while the root copies the next in.
 SHM_STREAM_PIECE_BYTES = 64 * 1024
+# The segment's allgathers write outputs of this many bytes and more with streaming
+# (non-temporal) stores: at this size the output no longer stays in the cache anyway, and a
+# plain store reads each line before writing it.
+SHM_STREAMING_STORE_BYTES = 16 << 20
 # A wait on the segment spins on loads this long (a peer in step arrives within microseconds),
 # then yields its core between loads until its spin time (WAIT_*_SPIN_SECONDS below) is up: on
 # a loaded machine the peer may be queued behind this very core, and a round barrier that

@@ -53,7 +53,8 @@ from .cycle cimport HASH, HEADER_WORDS, PAYLOAD_BYTES, block_bytes, combine_bloc
 from .mpi cimport Link, TransportBase, back_off, now, reduce_fn_t
 
 from .._core.config import (SHM_ALLREDUCE_SINGLE_COPY_BYTES, SHM_HOT_SPIN_SECONDS, SHM_SINGLE_COPY_BYTES,
-                            SHM_SINGLE_COPY_CHUNK_BYTES, SHM_STREAM_PIECE_BYTES, WAIT_CYCLE_SPIN_SECONDS)
+                            SHM_SINGLE_COPY_CHUNK_BYTES, SHM_STREAM_PIECE_BYTES, SHM_STREAMING_STORE_BYTES,
+                            WAIT_CYCLE_SPIN_SECONDS)
 from .._core.errors import FastringError
 
 import os
@@ -96,7 +97,36 @@ cdef extern from *:
         __asm__ __volatile__("yield");
     #endif
     }
+    #if defined(__x86_64__)
+    #include <emmintrin.h>
+    #endif
+    #include <string.h>
+    /* memcpy with streaming (non-temporal) stores: each destination line is written whole
+       without being read first, and evicts nothing from the cache. */
+    static inline void fr_copy_streaming(char* d, const char* s, size_t n) {
+    #if defined(__x86_64__)
+        size_t head = (64 - ((uintptr_t) d & 63)) & 63, i = 0;
+        if (head > n) head = n;
+        memcpy(d, s, head);
+        d += head; s += head; n -= head;
+        for (; i + 64 <= n; i += 64) {
+            __m128i a = _mm_loadu_si128((const __m128i*) (s + i));
+            __m128i b = _mm_loadu_si128((const __m128i*) (s + i + 16));
+            __m128i c = _mm_loadu_si128((const __m128i*) (s + i + 32));
+            __m128i e = _mm_loadu_si128((const __m128i*) (s + i + 48));
+            _mm_stream_si128((__m128i*) (d + i), a);
+            _mm_stream_si128((__m128i*) (d + i + 16), b);
+            _mm_stream_si128((__m128i*) (d + i + 32), c);
+            _mm_stream_si128((__m128i*) (d + i + 48), e);
+        }
+        _mm_sfence();  /* ordered before any later store, the flags included */
+        memcpy(d + i, s + i, n - i);
+    #else
+        memcpy(d, s, n);
+    #endif
+    }
     """
+    void fr_copy_streaming(char* d, const char* s, size_t n) nogil
     uint64_t fr_load(const uint64_t* p) nogil
     uint64_t fr_claim(uint64_t* p, uint64_t end) nogil
     void fr_store(uint64_t* p, uint64_t v) nogil
@@ -144,6 +174,7 @@ cdef class SharedSegment:
     # Where single copy starts (SHM_SINGLE_COPY_BYTES, SHM_ALLREDUCE_SINGLE_COPY_BYTES); tests
     # lower them, on every rank alike, to run small messages that way.
     cdef public int64_t single_copy_bytes, allreduce_single_copy_bytes
+    cdef public int64_t streaming_bytes  # outputs from this size are written with streaming stores
     cdef char* scratch         # two chunks of private memory: an accumulator and a landing place
     # More ranks than this process may run on cores: a spinning wait yields its core at once.
     # Otherwise only after SHM_HOT_SPIN_SECONDS: a yield may hand the core to any other
@@ -187,6 +218,7 @@ cdef class SharedSegment:
         s.chunk = _align(SHM_SINGLE_COPY_CHUNK_BYTES, PAGE)
         s.single_copy_bytes = SHM_SINGLE_COPY_BYTES
         s.allreduce_single_copy_bytes = SHM_ALLREDUCE_SINGLE_COPY_BYTES
+        s.streaming_bytes = SHM_STREAMING_STORE_BYTES
         s.scratch = <char*> aligned_alloc(PAGE, 2 * s.chunk)
         if s.scratch == NULL:
             raise MemoryError()
@@ -263,6 +295,14 @@ cdef class SharedSegment:
 
     cdef inline char* _cycle_slot(self, int r, uint64_t round_) noexcept nogil:
         return self.base + self.cycle_off + (2 * r + (round_ & 1)) * self.cycle_bytes
+
+    cdef inline void _copy_out(self, char* dst, const char* src, int64_t nbytes, bint streaming) noexcept nogil:
+        """Copy into a call's output: with streaming stores for outputs of `streaming_bytes`
+        and more, which no one reads soon and whose lines need not be read before written."""
+        if streaming:
+            fr_copy_streaming(dst, src, nbytes)
+        else:
+            memcpy(dst, src, nbytes)
 
     cdef int _check(self) except -1:
         if self.broken is not None:
@@ -588,13 +628,13 @@ cdef class SharedSegment:
             with nogil:
                 if self._single_copy(total, self.single_copy_bytes):
                     if counts[me] and <char*> dst + displs[me] != <char*> src:
-                        memcpy(<char*> dst + displs[me], <char*> src, counts[me])
+                        self._copy_out(<char*> dst + displs[me], <char*> src, counts[me], total >= self.streaming_bytes)
                     for r in range(n):
                         self._table(me)[1 + r] = src
                         self._table(me)[1 + n + r] = dst + displs[r]
                     err = self._single_copy_moves(&counts[0], True)
                 else:
-                    self._gatherv(<char*> src, <char*> dst, &counts[0], &displs[0], most)
+                    self._gatherv(<char*> src, <char*> dst, &counts[0], &displs[0], most, total >= self.streaming_bytes)
         except BaseException:
             self._failed()
             raise
@@ -664,6 +704,7 @@ cdef class SharedSegment:
         cdef int64_t most = 0, total = 0
         cdef int64_t[::1] c, b, d, bd
         cdef uintptr_t dst
+        cdef bint streaming
         try:
             with nogil:
                 # Beside the sequence word, one count slot per buffer parity: a rank cannot
@@ -688,9 +729,10 @@ cdef class SharedSegment:
                 d[r] = total
                 most = max(most, b[r])
                 total += b[r]
+            streaming = total >= self.streaming_bytes
             with nogil:
                 if mine and <char*> dst + d[me] != <char*> src:
-                    memcpy(<char*> dst + d[me], <char*> src, mine)
+                    self._copy_out(<char*> dst + d[me], <char*> src, mine, streaming)
                 if self._single_copy(total, self.single_copy_bytes):
                     for r in range(n):
                         self._table(me)[1 + r] = src
@@ -699,8 +741,8 @@ cdef class SharedSegment:
                 else:
                     for r in range(n):
                         if r != me and b[r]:
-                            memcpy(<char*> dst + d[r], self._data(r, round_), min(self.tile, b[r]))
-                    self._gather_rounds(<char*> src, <char*> dst, &b[0], &d[0], most, self.tile)
+                            self._copy_out(<char*> dst + d[r], self._data(r, round_), min(self.tile, b[r]), streaming)
+                    self._gather_rounds(<char*> src, <char*> dst, &b[0], &d[0], most, self.tile, streaming)
         except BaseException:
             self._failed()
             raise
@@ -709,13 +751,13 @@ cdef class SharedSegment:
         return counts, out
 
     cdef int _gatherv(self, char* src, char* dst, const int64_t* counts, const int64_t* displs,
-                      int64_t most) except -1 nogil:
+                      int64_t most, bint streaming) except -1 nogil:
         if counts[self.rank] and dst + displs[self.rank] != src:
-            memcpy(dst + displs[self.rank], src, counts[self.rank])
-        return self._gather_rounds(src, dst, counts, displs, most, 0)
+            self._copy_out(dst + displs[self.rank], src, counts[self.rank], streaming)
+        return self._gather_rounds(src, dst, counts, displs, most, 0, streaming)
 
     cdef int _gather_rounds(self, char* src, char* dst, const int64_t* counts, const int64_t* displs,
-                            int64_t most, int64_t lo) except -1 nogil:
+                            int64_t most, int64_t lo, bint streaming) except -1 nogil:
         """The data rounds of a gatherv from byte `lo` of every rank's piece on."""
         cdef int n = self.size, me = self.rank, r
         cdef int64_t piece
@@ -730,7 +772,7 @@ cdef class SharedSegment:
             for r in range(n):
                 piece = min(self.tile, counts[r] - lo)
                 if r != me and piece > 0:
-                    memcpy(dst + displs[r] + lo, self._data(r, round_), piece)
+                    self._copy_out(dst + displs[r] + lo, self._data(r, round_), piece, streaming)
             lo += self.tile
         return 0
 
@@ -811,6 +853,7 @@ cdef class SharedSegment:
         cdef int64_t[:, ::1] b
         cdef int64_t[::1] rd, got
         cdef uintptr_t dst
+        cdef bint streaming
         try:
             with nogil:
                 buf = self._data(me, round_)
@@ -835,9 +878,10 @@ cdef class SharedSegment:
             rd[0] = 0
             for r in range(1, n):
                 rd[r] = rd[r - 1] + b[r - 1, me]
+            streaming = rd[n - 1] + b[n - 1, me] >= self.streaming_bytes
             with nogil:
                 if b[me, me]:
-                    memcpy(<char*> dst + rd[me], <char*> src + sd[me], b[me, me])
+                    self._copy_out(<char*> dst + rd[me], <char*> src + sd[me], b[me, me], streaming)
                 if self._single_copy(total, self.single_copy_bytes):
                     for r in range(n):
                         self._table(me)[1 + r] = src + sd[r]
@@ -846,9 +890,10 @@ cdef class SharedSegment:
                 else:
                     for r in range(n):
                         if r != me and b[r, me]:
-                            memcpy(<char*> dst + rd[r], self._data(r, round_) + head + me * first,
-                                   min(first, b[r, me]))
-                    self._alltoall_rounds(<char*> src, &b[0, 0], &sd[0], <char*> dst, &rd[0], most, width, first)
+                            self._copy_out(<char*> dst + rd[r], self._data(r, round_) + head + me * first,
+                                           min(first, b[r, me]), streaming)
+                    self._alltoall_rounds(<char*> src, &b[0, 0], &sd[0], <char*> dst, &rd[0], most, width, first,
+                                          streaming)
         except BaseException:
             self._failed()
             raise
@@ -861,10 +906,11 @@ cdef class SharedSegment:
         cdef int me = self.rank, n = self.size
         if counts[me * n + me]:
             memcpy(dst + rdispls[me], src + sdispls[me], counts[me * n + me])
-        return self._alltoall_rounds(src, counts, sdispls, dst, rdispls, most, width, 0)
+        return self._alltoall_rounds(src, counts, sdispls, dst, rdispls, most, width, 0, False)
 
     cdef int _alltoall_rounds(self, char* src, const int64_t* counts, const int64_t* sdispls, char* dst,
-                              const int64_t* rdispls, int64_t most, int64_t width, int64_t lo) except -1 nogil:
+                              const int64_t* rdispls, int64_t most, int64_t width, int64_t lo,
+                              bint streaming) except -1 nogil:
         """The data rounds of an alltoallv from byte `lo` of every piece on."""
         cdef int n = self.size, me = self.rank, r, j
         cdef int64_t piece
@@ -880,7 +926,7 @@ cdef class SharedSegment:
             for r in range(n):
                 piece = min(width, counts[r * n + me] - lo)
                 if r != me and piece > 0:
-                    memcpy(dst + rdispls[r] + lo, self._data(r, round_) + me * width, piece)
+                    self._copy_out(dst + rdispls[r] + lo, self._data(r, round_) + me * width, piece, streaming)
             lo += width
         return 0
 
@@ -986,6 +1032,23 @@ cdef class SharedSegment:
             self._failed()
             raise
         return header[0], header[HASH], leftover, any_ready
+
+
+def copy_streaming(uintptr_t dst, uintptr_t src, int64_t nbytes):
+    """Copy `nbytes` from `src` to `dst` (addresses) with streaming stores, as the segment's
+    collectives write their large outputs: a copy that does not read the destination's lines
+    first (scripts/bench_shm.py's second floor).
+
+    Example:
+        >>> import numpy as np
+        >>> a, b = np.arange(100, dtype=np.uint8), np.zeros(100, np.uint8)
+        >>> copy_streaming(b.ctypes.data, a.ctypes.data, 100); bool((a == b).all())
+        True
+    """
+    if nbytes < 0:
+        raise ValueError(f"nbytes must not be negative, got {nbytes}")
+    with nogil:
+        fr_copy_streaming(<char*> dst, <const char*> src, nbytes)
 
 
 cdef extern from "<errno.h>":

@@ -5,7 +5,8 @@ check: the segment is mapped and already unlinked; every dtype x op through it, 
     large (by single copy: chunks claimed by whichever rank is free, uneven last chunk),
     Average and the postscale, out= into another array with the input left alone, fusion of
     async requests, grouped allreduce, compression, the negotiation cycle through it; the
-    other collectives' loops by single copy; streamed broadcasts; a single copy that fails (a rank publishes an
+    other collectives' loops by single copy; streamed broadcasts; copies by streaming stores,
+    and allgather and alltoall writing their outputs with them, by single copy and in rounds; a single copy that fails (a rank publishes an
     address that is not mapped) raises on every rank and turns single copy off, after which
     the same large calls go in rounds through the segment's buffers; then FASTRING_SHM=0 falls
     back (and says why at debug level) and a second init maps a fresh segment.
@@ -25,9 +26,11 @@ import numpy as np
 
 import _common as c
 import fastring
-from fastring._core.config import SHM_ONE_STEP_BYTES, SHM_SINGLE_COPY_CHUNK_BYTES, SHM_STREAM_PIECE_BYTES, SHM_TILE_BYTES
+from fastring._core.config import (SHM_ONE_STEP_BYTES, SHM_SINGLE_COPY_CHUNK_BYTES, SHM_STREAM_PIECE_BYTES,
+                                   SHM_STREAMING_STORE_BYTES, SHM_TILE_BYTES)
 from fastring._core.runtime import runtime
 from fastring._transport import array_address
+from fastring._transport.shm import copy_streaming
 from fastring import kernels
 from fastring._core.ops import KERNEL_OP
 
@@ -160,6 +163,23 @@ def streamed_broadcasts():
                    ValueError, "negative")
 
 
+def streaming_copies():
+    """copy_streaming, the copy the segment's large outputs take: every alignment of the
+    destination and source within a line and lengths around the 64-byte step, byte-exact and
+    nothing written past the end; then a bad length."""
+    src = (np.arange(5000, dtype=np.int64) * 37 % 253).astype(np.uint8)
+    for d_off in (0, 1, 15, 63):
+        for s_off in (0, 7, 64):
+            for length in (0, 1, 63, 64, 65, 200, 4000):
+                dst = np.full(4300, 255, np.uint8)
+                copy_streaming(array_address(dst) + d_off, array_address(src) + s_off, length)
+                expect = np.full(4300, 255, np.uint8)
+                expect[d_off:d_off + length] = src[s_off:s_off + length]
+                c.check_close(f"copy_streaming {d_off} {s_off} {length}", dst, expect, 0)
+    c.expect_error("copy_streaming negative", lambda: copy_streaming(0, 0, -1),
+                   ValueError, "negative")
+
+
 def counted_allgathers(tag):
     """allgather through the API, the row counts travelling in the data round's barrier
     (SharedSegment.allgather_rows): every dtype; uneven rows with one rank sending none;
@@ -244,8 +264,13 @@ dtypes_and_ops(c.DTYPES, lambda dt: (SHM_ONE_STEP_BYTES // dt.itemsize - 1,
                                      2 * SHM_SINGLE_COPY_CHUNK_BYTES // dt.itemsize + N + 1), "single copy")
 collectives_loops("single copy", 1 << 20)
 streamed_broadcasts()
+streaming_copies()
 counted_allgathers("single copy")
 counted_alltoalls("single copy")
+# the same with every output written by streaming stores (from SHM_STREAMING_STORE_BYTES)
+shm.streaming_bytes = 0
+counted_allgathers("single copy, streaming stores")
+counted_alltoalls("single copy, streaming stores")
 # and through the API: allgather of uneven row counts, alltoall with splits
 rows = [c.rank_input(np.dtype(np.int64), (40_000 + 1000 * r, 4), r, 50) for r in range(N)]
 got = fastring.allgather(rows[R], name="ag single copy")
@@ -276,6 +301,9 @@ c.CHECKS.check(not rt.transport.single_copy, "single copy is still on after a co
 dtypes_and_ops([np.dtype(np.int32), np.dtype(np.float16), np.dtype(np.float64)],
                lambda dt: (SHM_TILE_BYTES // dt.itemsize + N + 1,), "rounds")
 collectives_loops("rounds", shm.tile_bytes)
+counted_allgathers("rounds, streaming stores")
+counted_alltoalls("rounds, streaming stores")
+shm.streaming_bytes = SHM_STREAMING_STORE_BYTES
 for count in (1, N - 1, N, 2 * N + 1):
     a = np.arange(count, dtype=np.float64) + R
     out = np.full(count, -1.0)
