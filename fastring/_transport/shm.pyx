@@ -31,6 +31,13 @@ copy each way. A second barrier ends the call, when no rank touches another's me
 more. Two barriers a call, however large: a rank that is preempted holds back at most the
 chunk it was working on, and the others take the rest of the work.
 
+Broadcasts up to a few MiB stream instead (`stream_broadcast`): the root copies its bytes
+into its ring piece by piece and publishes after each how far it got, and every other rank
+copies each piece out once published and publishes how far it has read, which is what the root
+waits for before it reuses ring space. The position is counted in bytes of every streamed
+broadcast so far, alike on every rank, so no call needs a barrier to start or end. Outputs of
+SHM_STREAMING_STORE_BYTES and more are written with streaming stores (`copy_streaming`).
+
 The segment is created by rank 0 under a name unique to the launch and unlinked as soon as
 every rank has mapped it: nothing is left in /dev/shm after any exit, SIGKILL included (the
 kernel frees the memory at the last unmap). Waits spin, then yield, then sleep with a growing
