@@ -58,7 +58,8 @@ BROADCAST_SINGLE_COPY_BYTES = SMALL_MESSAGE_BYTES
 SHM_TILE_BYTES = 4 << 20
 SHM_ONE_STEP_BYTES = 256 * 1024
 # allgather, broadcast, alltoall and reducescatter move their data through the segment's
-# buffers up to this many bytes (the whole result of an allgather, the input otherwise):
+# buffers (a broadcast: streamed through the root's ring) up to this many bytes (the whole
+# result of an allgather, the input otherwise):
 # there the MPI round trips it saves dominate. Above it the segment's two copies (in, out)
 # lost to MPI's own large-message transfers and to the single-copy broadcast, at 16 MiB by
 # 2-3x (BENCHMARKS.md, issue 18); allgather, broadcast and alltoall go by single copy through
