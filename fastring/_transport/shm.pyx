@@ -31,7 +31,7 @@ copy each way. A second barrier ends the call, when no rank touches another's me
 more. Two barriers a call, however large: a rank that is preempted holds back at most the
 chunk it was working on, and the others take the rest of the work.
 
-Broadcasts up to a few MiB stream instead (`stream_broadcast`): the root copies its bytes
+Broadcasts stream instead (`stream_broadcast`): the root copies its bytes
 into its ring piece by piece and publishes after each how far it got, and every other rank
 copies each piece out once published and publishes how far it has read, which is what the root
 waits for before it reuses ring space. The position is counted in bytes of every streamed
@@ -669,6 +669,7 @@ cdef class SharedSegment:
         cdef int64_t piece
         cdef Link* link = &self.transport.link
         cdef char* ring_base = self.base + self.stream_off + root * self.tile
+        cdef bint streaming = nbytes >= self.streaming_bytes
         self.streamed = end
         try:
             with nogil:
@@ -683,7 +684,7 @@ cdef class SharedSegment:
                         self._publish(STREAM_SENT, at + piece)
                     else:
                         self._await(STREAM_SENT, at + piece, root, -1, link.spin, link.interval, link.hook)
-                        memcpy(<char*> buf + (at - start), ring_base + at % ring, piece)
+                        self._copy_out(<char*> buf + (at - start), ring_base + at % ring, piece, streaming)
                         self._publish(STREAM_READ, at + piece)
                     at += piece
                 self._publish(STREAM_READ, end)

@@ -20,7 +20,7 @@ four go through it up to SHM_COLLECTIVE_MAX_BYTES (reducescatter's up to
 SHM_REDUCESCATTER_MAX_BYTES); where the ranks may copy between their
 memories, allgather and alltoall at every size (from SHM_SINGLE_COPY_BYTES the segment copies
 straight between the ranks' buffers: fastring/_transport/shm.pyx); broadcast streams through
-the root's ring up to SHM_COLLECTIVE_MAX_BYTES (the single-copy broadcast above).
+the root's ring up to SHM_STREAM_BROADCAST_MAX_BYTES (the single-copy broadcast above).
 """
 from __future__ import annotations
 
@@ -35,7 +35,7 @@ import numpy as np
 from .. import kernels
 from .._core import pool as _pool
 from .._core.config import (BROADCAST_CHAIN_BYTES, BROADCAST_SEGMENT_BYTES, BROADCAST_SINGLE_COPY_BYTES,
-                            SHM_COLLECTIVE_MAX_BYTES, SHM_REDUCESCATTER_MAX_BYTES)
+                            SHM_COLLECTIVE_MAX_BYTES, SHM_REDUCESCATTER_MAX_BYTES, SHM_STREAM_BROADCAST_MAX_BYTES)
 from .._core.dtypes import spec_of
 from .._core.ops import KERNEL_OP, ReduceOp
 from .._core.work import AllreduceWork, finalizer, predivides, prescale, split_for_average, unpack
@@ -142,18 +142,18 @@ def allgather_bytes(rt, data: bytes) -> list[bytes]:
 
 
 class SharedMemoryBroadcast:
-    """Every rank on one host with the shared segment mapped, up to SHM_COLLECTIVE_MAX_BYTES:
-    the root streams the bytes through its ring in the segment and the others copy each piece
-    out as it lands (`SharedSegment.stream_broadcast`), no barrier and no MPI message. At
-    1 MiB that took half the single-copy broadcast's time (its address exchange and the
-    copies between processes cost more than the second copy saves); from a few MiB the single
-    copy, which splits one copy between root and reader, was faster."""
+    """Every rank on one host with the shared segment mapped, up to
+    SHM_STREAM_BROADCAST_MAX_BYTES: the root streams the bytes through its ring in the segment
+    and the others copy each piece out as it lands (`SharedSegment.stream_broadcast`), no
+    barrier and no MPI message. From 1 to 16 MiB it took 0.5-0.9x the single-copy broadcast's
+    time in the same launches (that one exchanges addresses and a status over MPI, and copies
+    between processes at the kernel's speed); at 32 and 64 MiB the two tied."""
 
     name = "shm"
 
     @staticmethod
     def accepts(m: Message) -> bool:
-        return m.rt.shm is not None and m.nbytes <= SHM_COLLECTIVE_MAX_BYTES
+        return m.rt.shm is not None and m.nbytes <= SHM_STREAM_BROADCAST_MAX_BYTES
 
     @staticmethod
     def run(rt, buf: np.ndarray, root: int) -> None:

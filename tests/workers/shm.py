@@ -139,7 +139,7 @@ def collectives_loops(tag, large):
     c.check_close(f"reduce_scatter {tag} input", values, inputs[R], 0)
 
 
-def streamed_broadcasts():
+def streamed_broadcasts(tag):
     """SharedSegment.stream_broadcast: every root in turn, back to back with no barrier
     between them (so a root may refill ring space a slower reader has only just freed):
     empty, one byte, a piece and one byte either side, odd sizes, more than the ring (it wraps
@@ -153,7 +153,7 @@ def streamed_broadcasts():
         expect = ((np.arange(nbytes, dtype=np.int64) * 31 + 7 * k + root) % 251).astype(np.uint8)
         buf = expect.copy() if R == root else np.full(nbytes, 255, np.uint8)
         shm.stream_broadcast(array_address(buf), nbytes, root)
-        results.append((f"stream_broadcast {nbytes} B from {root}", buf, expect))
+        results.append((f"stream_broadcast {nbytes} B from {root} {tag}", buf, expect))
     for tag, got, expect in results:  # checked after all ran: a late overwrite would show
         c.check_close(tag, got, expect, 0)
     buf = np.zeros(8, np.uint8)
@@ -263,12 +263,13 @@ shm.allreduce_single_copy_bytes = shm.single_copy_bytes = 1 << 20
 dtypes_and_ops(c.DTYPES, lambda dt: (SHM_ONE_STEP_BYTES // dt.itemsize - 1,
                                      2 * SHM_SINGLE_COPY_CHUNK_BYTES // dt.itemsize + N + 1), "single copy")
 collectives_loops("single copy", 1 << 20)
-streamed_broadcasts()
+streamed_broadcasts("cached")
 streaming_copies()
 counted_allgathers("single copy")
 counted_alltoalls("single copy")
 # the same with every output written by streaming stores (from SHM_STREAMING_STORE_BYTES)
 shm.streaming_bytes = 0
+streamed_broadcasts("streaming stores")
 counted_allgathers("single copy, streaming stores")
 counted_alltoalls("single copy, streaming stores")
 # and through the API: allgather of uneven row counts, alltoall with splits
