@@ -127,11 +127,14 @@ def collective_rows(comm, sizes) -> list[dict]:
         # The floor of each: every rank writes a buffer the size of its output once, from
         # a source of that size, all ranks at once, by np.copyto and by a copy with streaming
         # stores (which does not read the destination's lines first), the faster of the two:
-        # what no collective that writes its output can beat on this machine's memory.
+        # what no collective that writes its output can beat on this machine's memory. A
+        # broadcast's root writes nothing, so the others copy alone.
         floor_src, floor_dst = np.ones(count * n, np.float32), np.empty(count * n, np.float32)
 
-        def floor_of(items: int):
+        def floor_of(items: int, writes: bool = True):
             dst, src = array_address(floor_dst), array_address(floor_src)
+            if not writes:  # a broadcast's root: its output is its input already
+                return (lambda: None, lambda: None)
             return (lambda: np.copyto(floor_dst[:items], floor_src[:items]),
                     lambda: copy_streaming(dst, src, 4 * items))
         calls, trials = calls_for(nbytes)
@@ -141,7 +144,7 @@ def collective_rows(comm, sizes) -> list[dict]:
             ("reducescatter", lambda: fastring.reducescatter(big, op=fastring.Sum, name="rs"),
              lambda: comm.Reduce_scatter_block(big, part, MPI.SUM), floor_of(count)),
             ("broadcast", lambda: fastring.broadcast(x, 0, name="bc", out=x),
-             lambda: comm.Bcast(x, 0), floor_of(count)),
+             lambda: comm.Bcast(x, 0), floor_of(count, writes=comm.Get_rank() != 0)),
             ("alltoall", lambda: fastring.alltoall(a2a_in, name="a2a"),
              lambda: comm.Alltoall(a2a_in, a2a_out), floor_of(a2a_in.size)),
         )
