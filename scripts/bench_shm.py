@@ -29,6 +29,8 @@ import numpy as np
 from mpi4py import MPI
 
 import fastring
+from fastring._transport import array_address
+from fastring._transport.shm import copy_streaming
 from fastring.tools.bench import format_bytes, parse_bytes
 
 
@@ -52,11 +54,12 @@ def timed(fn, calls: int, comm, barrier: bool) -> float:
     return comm.allreduce(total, op=MPI.MAX) / calls
 
 
-def compare(ours, theirs, calls: int, trials: int, comm, barrier: bool = False, floor=None) -> dict:
-    """fastring's and MPI's median times and their ratio; with `floor` (a function every
-    rank runs at once that writes the collective's whole output once), its median time too
-    and each side's time as a percentage of it, all three alternating trial by trial."""
-    fns = [ours, theirs] + ([floor] if floor is not None else [])
+def compare(ours, theirs, calls: int, trials: int, comm, barrier: bool = False, floor=()) -> dict:
+    """fastring's and MPI's median times and their ratio; with `floor` (functions every rank
+    runs at once that write the collective's whole output once: a plain copy, one with
+    streaming stores), the faster one's median time too and each side's time as a percentage
+    of it, all alternating trial by trial."""
+    fns = [ours, theirs, *floor]
     times = [[] for _ in fns]
     for fn in fns:  # warm up: first-touch page faults, kernels compiled, caches filled
         fn()
@@ -65,9 +68,11 @@ def compare(ours, theirs, calls: int, trials: int, comm, barrier: bool = False, 
             got.append(timed(fn, calls, comm, barrier))
     f, m = float(np.median(times[0])), float(np.median(times[1]))
     row = {"fastring_us": f * 1e6, "mpi_us": m * 1e6, "ratio": m / f}
-    if floor is not None:
-        w = float(np.median(times[2]))
-        row.update(floor_us=w * 1e6, fastring_floor_pct=100 * w / f, mpi_floor_pct=100 * w / m)
+    if floor:
+        each = [float(np.median(t)) for t in times[2:]]
+        w = min(each)
+        row.update(floor_us=w * 1e6, fastring_floor_pct=100 * w / f, mpi_floor_pct=100 * w / m,
+                   floors_us=[e * 1e6 for e in each])
     return row
 
 
@@ -120,12 +125,18 @@ def collective_rows(comm, sizes) -> list[dict]:
         a2a_in = np.ones(count - count % n, np.float32)
         a2a_out = np.empty_like(a2a_in)
         # The floor of each: every rank writes a buffer the size of its output once, from
-        # a source of that size, all ranks at once (np.copyto): what no collective that
-        # writes its output can beat on this machine's memory.
+        # a source of that size, all ranks at once, by np.copyto and by a copy with streaming
+        # stores (which does not read the destination's lines first), the faster of the two:
+        # what no collective that writes its output can beat on this machine's memory. A
+        # broadcast's root writes nothing, so the others copy alone.
         floor_src, floor_dst = np.ones(count * n, np.float32), np.empty(count * n, np.float32)
 
-        def floor_of(items: int):
-            return lambda: np.copyto(floor_dst[:items], floor_src[:items])
+        def floor_of(items: int, writes: bool = True):
+            dst, src = array_address(floor_dst), array_address(floor_src)
+            if not writes:  # a broadcast's root: its output is its input already
+                return (lambda: None, lambda: None)
+            return (lambda: np.copyto(floor_dst[:items], floor_src[:items]),
+                    lambda: copy_streaming(dst, src, 4 * items))
         calls, trials = calls_for(nbytes)
         cases = (
             ("allgather", lambda: fastring.allgather(x, name="ag"),
@@ -133,7 +144,7 @@ def collective_rows(comm, sizes) -> list[dict]:
             ("reducescatter", lambda: fastring.reducescatter(big, op=fastring.Sum, name="rs"),
              lambda: comm.Reduce_scatter_block(big, part, MPI.SUM), floor_of(count)),
             ("broadcast", lambda: fastring.broadcast(x, 0, name="bc", out=x),
-             lambda: comm.Bcast(x, 0), floor_of(count)),
+             lambda: comm.Bcast(x, 0), floor_of(count, writes=comm.Get_rank() != 0)),
             ("alltoall", lambda: fastring.alltoall(a2a_in, name="a2a"),
              lambda: comm.Alltoall(a2a_in, a2a_out), floor_of(a2a_in.size)),
         )
@@ -187,16 +198,20 @@ def summarize(paths: list[str]) -> None:
               f"{min(values):.2f}{unit} | {float(np.median(values)):.2f}{unit} | "
               f"{', '.join(f'{v:.2f}' for v in values)} | {verdict} |")
     if floors:
-        print("\nTime of the floor (every rank writes its output once, all at once) as a percentage of"
-              " each side's time, min / median over the launches (100% = at the floor):\n")
-        print("| collective | size | fastring, % of floor | MPI, % of floor | the most ratio at the floor (MPI / floor), median |")
-        print("|---|---:|---:|---:|---:|")
+        print("\nTime of the floor (every rank writes its output once, all at once, the faster of a plain"
+              " copy and one with streaming stores) as a percentage of each side's time, min / median over"
+              " the launches (100% = at the floor); the two copies' median times:\n")
+        print("| collective | size | fastring, % of floor | MPI, % of floor | the most ratio at the floor (MPI / floor), median "
+              "| copy / streaming copy, µs (median) |")
+        print("|---|---:|---:|---:|---:|---|")
         for row, cells in floors:
             ours, theirs = [c["fastring_floor_pct"] for c in cells], [c["mpi_floor_pct"] for c in cells]
             # fastring at the floor would be MPI's time / the floor's: the most this machine allows
             best = [c["mpi_us"] / c["floor_us"] for c in cells]
+            kinds = zip(*[c.get("floors_us", [c["floor_us"]]) for c in cells])
             print(f"| {row['what']} | {format_bytes(row['bytes'])} | {min(ours):.0f}% / {float(np.median(ours)):.0f}% | "
-                  f"{min(theirs):.0f}% / {float(np.median(theirs)):.0f}% | at most {float(np.median(best)):.2f} |")
+                  f"{min(theirs):.0f}% / {float(np.median(theirs)):.0f}% | at most {float(np.median(best)):.2f} | "
+                  f"{' / '.join(f'{float(np.median(k)):.0f}' for k in kinds)} |")
 
 
 def main() -> None:
@@ -228,7 +243,8 @@ def line(r: dict) -> str:
                 f"{r['copy_us']:>10.1f} {r['percent']:>5.0f}%  (busbw {r['busbw_GBps']:.2f} GB/s, "
                 f"floor {r['floor_GBps']:.2f} GB/s)")
     floor = (f"  (floor {r['floor_us']:.1f} us: fastring {r['fastring_floor_pct']:.0f}%, "
-             f"MPI {r['mpi_floor_pct']:.0f}% of it)" if "floor_us" in r else "")
+             f"MPI {r['mpi_floor_pct']:.0f}% of it; copy / streaming copy "
+             f"{' / '.join(f'{w:.1f}' for w in r['floors_us'])} us)" if "floor_us" in r else "")
     return (f"{r['what']:<32} {format_bytes(r['bytes']):>8} {'yes' if r['barrier'] else 'no':>7} "
             f"{r['fastring_us']:>12.1f} {r['mpi_us']:>10.1f} {r['ratio']:>6.2f}{floor}")
 

@@ -58,7 +58,8 @@ BROADCAST_SINGLE_COPY_BYTES = SMALL_MESSAGE_BYTES
 SHM_TILE_BYTES = 4 << 20
 SHM_ONE_STEP_BYTES = 256 * 1024
 # allgather, broadcast, alltoall and reducescatter move their data through the segment's
-# buffers up to this many bytes (the whole result of an allgather, the input otherwise):
+# buffers up to this many bytes (the whole result of an allgather, the input otherwise;
+# broadcasts stream: SHM_STREAM_BROADCAST_MAX_BYTES):
 # there the MPI round trips it saves dominate. Above it the segment's two copies (in, out)
 # lost to MPI's own large-message transfers and to the single-copy broadcast, at 16 MiB by
 # 2-3x (BENCHMARKS.md, issue 18); allgather, broadcast and alltoall go by single copy through
@@ -84,6 +85,17 @@ SHM_REDUCESCATTER_MAX_BYTES = 8 << 20
 SHM_SINGLE_COPY_BYTES = SHM_TILE_BYTES
 SHM_ALLREDUCE_SINGLE_COPY_BYTES = 16 << 20
 SHM_SINGLE_COPY_CHUNK_BYTES = 1 << 20
+# A broadcast on one host streams through the root's ring in the segment (SHM_TILE_BYTES) in
+# pieces of this many bytes: the readers copy a piece out while the root copies the next in.
+SHM_STREAM_PIECE_BYTES = 64 * 1024
+# Broadcasts up to this size stream (up to SHM_STREAMING_STORE_BYTES the readers' copies out
+# of the ring stay in the cache; from it they take streaming stores); above it the single-copy
+# broadcast, which tied with the stream at 32 and 64 MiB (BENCHMARKS.md, issue 18, session 4).
+SHM_STREAM_BROADCAST_MAX_BYTES = 16 << 20
+# The segment's allgathers write outputs of this many bytes and more with streaming
+# (non-temporal) stores: at this size the output no longer stays in the cache anyway, and a
+# plain store reads each line before writing it.
+SHM_STREAMING_STORE_BYTES = 16 << 20
 # A wait on the segment spins on loads this long (a peer in step arrives within microseconds),
 # then yields its core between loads until its spin time (WAIT_*_SPIN_SECONDS below) is up: on
 # a loaded machine the peer may be queued behind this very core, and a round barrier that

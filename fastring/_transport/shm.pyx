@@ -10,6 +10,7 @@ Layout (every area on its own cache lines):
     [address table of rank 0 | ... of rank n-1]            2n + 1 words each
     [cycle slot 0 and 1 of rank 0 | ... of rank n-1]       negotiation blocks
     [data buffer 0 and 1 of rank 0 | ... of rank n-1]      `tile` bytes each
+    [stream ring of rank 0 | ... of rank n-1]              `tile` bytes each (broadcasts)
 
 Synchronisation is one counter per rank: a rank that has written what the others need bumps
 its counter, and a rank that needs it waits until every counter has reached its own (a
@@ -29,6 +30,13 @@ reduction, its reduction over every rank in rank order) into the ranks that need
 copy each way. A second barrier ends the call, when no rank touches another's memory any
 more. Two barriers a call, however large: a rank that is preempted holds back at most the
 chunk it was working on, and the others take the rest of the work.
+
+Broadcasts stream instead (`stream_broadcast`): the root copies its bytes
+into its ring piece by piece and publishes after each how far it got, and every other rank
+copies each piece out once published and publishes how far it has read, which is what the root
+waits for before it reuses ring space. The position is counted in bytes of every streamed
+broadcast so far, alike on every rank, so no call needs a barrier to start or end. Outputs of
+SHM_STREAMING_STORE_BYTES and more are written with streaming stores (`copy_streaming`).
 
 The segment is created by rank 0 under a name unique to the launch and unlinked as soon as
 every rank has mapped it: nothing is left in /dev/shm after any exit, SIGKILL included (the
@@ -52,8 +60,8 @@ from .cycle cimport HASH, HEADER_WORDS, PAYLOAD_BYTES, block_bytes, combine_bloc
 from .mpi cimport Link, TransportBase, back_off, now, reduce_fn_t
 
 from .._core.config import (SHM_ACTIVE_SPIN_SECONDS, SHM_ALLREDUCE_SINGLE_COPY_BYTES, SHM_HOT_SPIN_SECONDS,
-                            SHM_SINGLE_COPY_BYTES,
-                            SHM_SINGLE_COPY_CHUNK_BYTES, WAIT_CYCLE_SPIN_SECONDS)
+                            SHM_SINGLE_COPY_BYTES, SHM_SINGLE_COPY_CHUNK_BYTES, SHM_STREAM_PIECE_BYTES,
+                            SHM_STREAMING_STORE_BYTES, WAIT_CYCLE_SPIN_SECONDS)
 from .._core.errors import FastringError
 
 import os
@@ -96,7 +104,36 @@ cdef extern from *:
         __asm__ __volatile__("yield");
     #endif
     }
+    #if defined(__x86_64__)
+    #include <emmintrin.h>
+    #endif
+    #include <string.h>
+    /* memcpy with streaming (non-temporal) stores: each destination line is written whole
+       without being read first, and evicts nothing from the cache. */
+    static inline void fr_copy_streaming(char* d, const char* s, size_t n) {
+    #if defined(__x86_64__)
+        size_t head = (64 - ((uintptr_t) d & 63)) & 63, i = 0;
+        if (head > n) head = n;
+        memcpy(d, s, head);
+        d += head; s += head; n -= head;
+        for (; i + 64 <= n; i += 64) {
+            __m128i a = _mm_loadu_si128((const __m128i*) (s + i));
+            __m128i b = _mm_loadu_si128((const __m128i*) (s + i + 16));
+            __m128i c = _mm_loadu_si128((const __m128i*) (s + i + 32));
+            __m128i e = _mm_loadu_si128((const __m128i*) (s + i + 48));
+            _mm_stream_si128((__m128i*) (d + i), a);
+            _mm_stream_si128((__m128i*) (d + i + 16), b);
+            _mm_stream_si128((__m128i*) (d + i + 32), c);
+            _mm_stream_si128((__m128i*) (d + i + 48), e);
+        }
+        _mm_sfence();  /* ordered before any later store, the flags included */
+        memcpy(d + i, s + i, n - i);
+    #else
+        memcpy(d, s, n);
+    #endif
+    }
     """
+    void fr_copy_streaming(char* d, const char* s, size_t n) nogil
     uint64_t fr_load(const uint64_t* p) nogil
     uint64_t fr_claim(uint64_t* p, uint64_t end) nogil
     void fr_store(uint64_t* p, uint64_t v) nogil
@@ -107,6 +144,11 @@ DEF PAGE = 4096
 DEF PURE_SPINS = 2048   # loads before a wait reads the clock (and, oversubscribed, yields)
 DEF CPU_WORD = 3       # in a rank's sequence line: the core it last arrived from (1, 2: allgather counts)
 DEF SUB_BYTES = 32768   # the reduction's unit: a piece copied and reduced while in L1
+# In a rank's sequence line, on the second 64-byte half (away from the counter the barriers
+# poll): how far the streams it sent have been published, and how far it has read the
+# streams it received (both in bytes of the one stream position every rank counts alike).
+DEF STREAM_SENT = 8
+DEF STREAM_READ = 9
 
 cdef double _CYCLE_SPIN = WAIT_CYCLE_SPIN_SECONDS
 cdef double _HOT_SPIN = SHM_HOT_SPIN_SECONDS
@@ -138,9 +180,12 @@ cdef class SharedSegment:
     cdef uint64_t data_rounds, cycles
     cdef uint64_t claimed      # where the claim counter stands when every rank is between calls
     cdef int64_t chunk         # bytes per claimed chunk of a single-copy call
+    cdef int64_t stream_off, stream_piece
+    cdef uint64_t streamed     # the stream position: bytes every streamed broadcast so far moved
     # Where single copy starts (SHM_SINGLE_COPY_BYTES, SHM_ALLREDUCE_SINGLE_COPY_BYTES); tests
     # lower them, on every rank alike, to run small messages that way.
     cdef public int64_t single_copy_bytes, allreduce_single_copy_bytes
+    cdef public int64_t streaming_bytes  # outputs from this size are written with streaming stores
     cdef char* scratch         # two chunks of private memory: an accumulator and a landing place
     # More ranks than this process may run on cores: a spinning wait yields its core at once.
     # Otherwise only after SHM_HOT_SPIN_SECONDS (SHM_ACTIVE_SPIN_SECONDS in a run of back-to-back
@@ -190,11 +235,15 @@ cdef class SharedSegment:
         s.chunk = _align(SHM_SINGLE_COPY_CHUNK_BYTES, PAGE)
         s.single_copy_bytes = SHM_SINGLE_COPY_BYTES
         s.allreduce_single_copy_bytes = SHM_ALLREDUCE_SINGLE_COPY_BYTES
+        s.streaming_bytes = SHM_STREAMING_STORE_BYTES
         s.scratch = <char*> aligned_alloc(PAGE, 2 * s.chunk)
         if s.scratch == NULL:
             raise MemoryError()
         s.data_off = s.cycle_off + 2 * n * s.cycle_bytes
-        s.length = s.data_off + 2 * n * s.tile
+        s.stream_off = s.data_off + 2 * n * s.tile
+        # at least two pieces to a ring, so that the root writes one while a reader copies one
+        s.stream_piece = min(_align(SHM_STREAM_PIECE_BYTES, LINE), s.tile // 2 // LINE * LINE)
+        s.length = s.stream_off + n * s.tile
         name = ""
         why = None
         if me == 0:
@@ -264,6 +313,14 @@ cdef class SharedSegment:
     cdef inline char* _cycle_slot(self, int r, uint64_t round_) noexcept nogil:
         return self.base + self.cycle_off + (2 * r + (round_ & 1)) * self.cycle_bytes
 
+    cdef inline void _copy_out(self, char* dst, const char* src, int64_t nbytes, bint streaming) noexcept nogil:
+        """Copy into a call's output: with streaming stores for outputs of `streaming_bytes`
+        and more, which no one reads soon and whose lines need not be read before written."""
+        if streaming:
+            fr_copy_streaming(dst, src, nbytes)
+        else:
+            memcpy(dst, src, nbytes)
+
     cdef int _check(self) except -1:
         if self.broken is not None:
             raise FastringError(f"the shared-memory path cannot run after: {self.broken}")
@@ -273,19 +330,28 @@ cdef class SharedSegment:
         """Bump this rank's counter and wait until every rank's has reached it. Calls
         `hook(partner, seconds waited)` every `interval` seconds (0: never) while waiting."""
         self.seq += 1
-        # Where this rank runs, beside its counter: a peer that waits for it and finds it was
-        # last on the peer's own core yields at once, since it cannot arrive while the peer
+        self._publish(0, self.seq)
+        return self._await(0, self.seq, -1, -1, spin, interval, hook)
+
+    cdef inline void _publish(self, int word, uint64_t value) noexcept nogil:
+        # Where this rank runs, beside its counters: a peer that waits for it and finds it was
+        # last on the peer's own core yields at once, since it cannot go on while the peer
         # spins there (spinning first cost about 200 us a barrier in that state).
+        self._word(self.rank)[CPU_WORD] = <uint64_t> sched_getcpu()
+        fr_store(self._word(self.rank) + word, value)
+
+    cdef int _await(self, int word, uint64_t target, int only, int skip, double spin, double interval,
+                    void* hook) except -1 nogil:
+        """Wait until word `word` of rank `only`'s sequence line (-1: of every rank but `skip`)
+        has reached `target`; spins, then yields, then sleeps, calling the stall hook on time
+        (see `_arrive`)."""
         cdef uint64_t cpu = <uint64_t> sched_getcpu()
-        self._word(self.rank)[CPU_WORD] = cpu
-        fr_store(self._word(self.rank), self.seq)
-        cdef uint64_t target = self.seq
-        cdef int r = 0, n = self.size
+        cdef int r = 0 if only < 0 else only, n = self.size if only < 0 else only + 1
         cdef long tries = 0
         cdef double start = 0, t, next_report = 0, pause_s = 0, hot = _HOT_SPIN
         cdef bint shared
         while True:
-            while r < n and fr_load(self._word(r)) >= target:
+            while r < n and (r == skip or fr_load(self._word(r) + word) >= target):
                 r += 1
             if r == n:
                 self.last_left = now()
@@ -612,18 +678,62 @@ cdef class SharedSegment:
             with nogil:
                 if self._single_copy(total, self.single_copy_bytes):
                     if counts[me] and <char*> dst + displs[me] != <char*> src:
-                        memcpy(<char*> dst + displs[me], <char*> src, counts[me])
+                        self._copy_out(<char*> dst + displs[me], <char*> src, counts[me], total >= self.streaming_bytes)
                     for r in range(n):
                         self._table(me)[1 + r] = src
                         self._table(me)[1 + n + r] = dst + displs[r]
                     err = self._single_copy_moves(&counts[0], True)
                 else:
-                    self._gatherv(<char*> src, <char*> dst, &counts[0], &displs[0], most)
+                    self._gatherv(<char*> src, <char*> dst, &counts[0], &displs[0], most, total >= self.streaming_bytes)
         except BaseException:
             self._failed()
             raise
         if err:
             self._raise_copy_error(err)
+
+    def stream_broadcast(self, uintptr_t buf, int64_t nbytes, int root):
+        """Broadcast the `nbytes` at `buf` on rank `root` into `buf` on every other rank,
+        through the root's stream ring: the root copies the bytes into its ring in pieces of
+        SHM_STREAM_PIECE_BYTES, publishing how far it got after each, and every other rank
+        copies each piece out as soon as it is published and publishes how far it has read,
+        which frees ring space for the root's later pieces. No barrier: the readers copy
+        while the root writes, and each rank waits only for the piece, or the ring space, it
+        needs next, so the call takes about one copy's time plus a piece."""
+        self._check()
+        if not 0 <= root < self.size:
+            raise ValueError(f"root {root} is outside [0, {self.size})")
+        if nbytes < 0:
+            raise ValueError(f"nbytes must not be negative, got {nbytes}")
+        cdef int64_t ring = self.tile // self.stream_piece * self.stream_piece
+        # Every rank counts the same stream position; each call starts on a piece boundary,
+        # so that no piece straddles the end of the ring.
+        cdef uint64_t start = <uint64_t> _align(<int64_t> self.streamed, self.stream_piece)
+        cdef uint64_t end = start + <uint64_t> nbytes, at
+        cdef int64_t piece
+        cdef Link* link = &self.transport.link
+        cdef char* ring_base = self.base + self.stream_off + root * self.tile
+        cdef bint streaming = nbytes >= self.streaming_bytes
+        self.streamed = end
+        try:
+            with nogil:
+                at = start
+                while at < end:
+                    piece = min(self.stream_piece, <int64_t> (end - at))
+                    if self.rank == root:
+                        if at + piece > <uint64_t> ring:  # ring space the readers must have left
+                            self._await(STREAM_READ, at + piece - ring, -1, root,
+                                        link.spin, link.interval, link.hook)
+                        memcpy(ring_base + at % ring, <char*> buf + (at - start), piece)
+                        self._publish(STREAM_SENT, at + piece)
+                    else:
+                        self._await(STREAM_SENT, at + piece, root, -1, link.spin, link.interval, link.hook)
+                        self._copy_out(<char*> buf + (at - start), ring_base + at % ring, piece, streaming)
+                        self._publish(STREAM_READ, at + piece)
+                    at += piece
+                self._publish(STREAM_READ, end)
+        except BaseException:
+            self._failed()
+            raise
 
     def allgather_rows(self, uintptr_t src, int64_t rows, int64_t row_bytes, object allocate):
         """An allgather whose row counts travel with the data: rank r contributes `rows`
@@ -645,6 +755,7 @@ cdef class SharedSegment:
         cdef int64_t most = 0, total = 0
         cdef int64_t[::1] c, b, d, bd
         cdef uintptr_t dst
+        cdef bint streaming
         try:
             with nogil:
                 # Beside the sequence word, one count slot per buffer parity: a rank cannot
@@ -669,9 +780,10 @@ cdef class SharedSegment:
                 d[r] = total
                 most = max(most, b[r])
                 total += b[r]
+            streaming = total >= self.streaming_bytes
             with nogil:
                 if mine and <char*> dst + d[me] != <char*> src:
-                    memcpy(<char*> dst + d[me], <char*> src, mine)
+                    self._copy_out(<char*> dst + d[me], <char*> src, mine, streaming)
                 if self._single_copy(total, self.single_copy_bytes):
                     for r in range(n):
                         self._table(me)[1 + r] = src
@@ -680,8 +792,8 @@ cdef class SharedSegment:
                 else:
                     for r in range(n):
                         if r != me and b[r]:
-                            memcpy(<char*> dst + d[r], self._data(r, round_), min(self.tile, b[r]))
-                    self._gather_rounds(<char*> src, <char*> dst, &b[0], &d[0], most, self.tile)
+                            self._copy_out(<char*> dst + d[r], self._data(r, round_), min(self.tile, b[r]), streaming)
+                    self._gather_rounds(<char*> src, <char*> dst, &b[0], &d[0], most, self.tile, streaming)
         except BaseException:
             self._failed()
             raise
@@ -690,13 +802,13 @@ cdef class SharedSegment:
         return counts, out
 
     cdef int _gatherv(self, char* src, char* dst, const int64_t* counts, const int64_t* displs,
-                      int64_t most) except -1 nogil:
+                      int64_t most, bint streaming) except -1 nogil:
         if counts[self.rank] and dst + displs[self.rank] != src:
-            memcpy(dst + displs[self.rank], src, counts[self.rank])
-        return self._gather_rounds(src, dst, counts, displs, most, 0)
+            self._copy_out(dst + displs[self.rank], src, counts[self.rank], streaming)
+        return self._gather_rounds(src, dst, counts, displs, most, 0, streaming)
 
     cdef int _gather_rounds(self, char* src, char* dst, const int64_t* counts, const int64_t* displs,
-                            int64_t most, int64_t lo) except -1 nogil:
+                            int64_t most, int64_t lo, bint streaming) except -1 nogil:
         """The data rounds of a gatherv from byte `lo` of every rank's piece on."""
         cdef int n = self.size, me = self.rank, r
         cdef int64_t piece
@@ -711,7 +823,7 @@ cdef class SharedSegment:
             for r in range(n):
                 piece = min(self.tile, counts[r] - lo)
                 if r != me and piece > 0:
-                    memcpy(dst + displs[r] + lo, self._data(r, round_), piece)
+                    self._copy_out(dst + displs[r] + lo, self._data(r, round_), piece, streaming)
             lo += self.tile
         return 0
 
@@ -792,6 +904,7 @@ cdef class SharedSegment:
         cdef int64_t[:, ::1] b
         cdef int64_t[::1] rd, got
         cdef uintptr_t dst
+        cdef bint streaming
         try:
             with nogil:
                 buf = self._data(me, round_)
@@ -816,9 +929,10 @@ cdef class SharedSegment:
             rd[0] = 0
             for r in range(1, n):
                 rd[r] = rd[r - 1] + b[r - 1, me]
+            streaming = rd[n - 1] + b[n - 1, me] >= self.streaming_bytes
             with nogil:
                 if b[me, me]:
-                    memcpy(<char*> dst + rd[me], <char*> src + sd[me], b[me, me])
+                    self._copy_out(<char*> dst + rd[me], <char*> src + sd[me], b[me, me], streaming)
                 if self._single_copy(total, self.single_copy_bytes):
                     for r in range(n):
                         self._table(me)[1 + r] = src + sd[r]
@@ -827,9 +941,10 @@ cdef class SharedSegment:
                 else:
                     for r in range(n):
                         if r != me and b[r, me]:
-                            memcpy(<char*> dst + rd[r], self._data(r, round_) + head + me * first,
-                                   min(first, b[r, me]))
-                    self._alltoall_rounds(<char*> src, &b[0, 0], &sd[0], <char*> dst, &rd[0], most, width, first)
+                            self._copy_out(<char*> dst + rd[r], self._data(r, round_) + head + me * first,
+                                           min(first, b[r, me]), streaming)
+                    self._alltoall_rounds(<char*> src, &b[0, 0], &sd[0], <char*> dst, &rd[0], most, width, first,
+                                          streaming)
         except BaseException:
             self._failed()
             raise
@@ -842,10 +957,11 @@ cdef class SharedSegment:
         cdef int me = self.rank, n = self.size
         if counts[me * n + me]:
             memcpy(dst + rdispls[me], src + sdispls[me], counts[me * n + me])
-        return self._alltoall_rounds(src, counts, sdispls, dst, rdispls, most, width, 0)
+        return self._alltoall_rounds(src, counts, sdispls, dst, rdispls, most, width, 0, False)
 
     cdef int _alltoall_rounds(self, char* src, const int64_t* counts, const int64_t* sdispls, char* dst,
-                              const int64_t* rdispls, int64_t most, int64_t width, int64_t lo) except -1 nogil:
+                              const int64_t* rdispls, int64_t most, int64_t width, int64_t lo,
+                              bint streaming) except -1 nogil:
         """The data rounds of an alltoallv from byte `lo` of every piece on."""
         cdef int n = self.size, me = self.rank, r, j
         cdef int64_t piece
@@ -861,7 +977,7 @@ cdef class SharedSegment:
             for r in range(n):
                 piece = min(width, counts[r * n + me] - lo)
                 if r != me and piece > 0:
-                    memcpy(dst + rdispls[r] + lo, self._data(r, round_) + me * width, piece)
+                    self._copy_out(dst + rdispls[r] + lo, self._data(r, round_) + me * width, piece, streaming)
             lo += width
         return 0
 
@@ -980,6 +1096,23 @@ cdef class SharedSegment:
             self._failed()
             raise
         return header[0], header[HASH], leftover, any_ready
+
+
+def copy_streaming(uintptr_t dst, uintptr_t src, int64_t nbytes):
+    """Copy `nbytes` from `src` to `dst` (addresses) with streaming stores, as the segment's
+    collectives write their large outputs: a copy that does not read the destination's lines
+    first (scripts/bench_shm.py's second floor).
+
+    Example:
+        >>> import numpy as np
+        >>> a, b = np.arange(100, dtype=np.uint8), np.zeros(100, np.uint8)
+        >>> copy_streaming(b.ctypes.data, a.ctypes.data, 100); bool((a == b).all())
+        True
+    """
+    if nbytes < 0:
+        raise ValueError(f"nbytes must not be negative, got {nbytes}")
+    with nogil:
+        fr_copy_streaming(<char*> dst, <const char*> src, nbytes)
 
 
 cdef extern from "<errno.h>":

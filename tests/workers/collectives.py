@@ -85,11 +85,12 @@ for dt in c.DTYPES:
             tag = f"broadcast {dt} {shape} root {root}"
             exact(tag, got, inputs[root], dt)
             exact(tag + " input untouched", t, inputs[R], dt)
-# Up to SHM_COLLECTIVE_MAX_BYTES through the shared segment, then with it off (FASTRING_SHM=0) copied straight between the ranks (this host
+# Up to SHM_STREAM_BROADCAST_MAX_BYTES streamed through the shared segment (12 MB: three
+# times round the root's ring), then with it off (FASTRING_SHM=0) copied straight between the ranks (this host
 # allows it), then as messages: past the chain threshold (segments, partial last) and below it.
 if runtime().shm is None and N > 1:
     c.fail("the shared-memory path is off")
-for n_elem in (200_003, 10):
+for n_elem in (3_000_003, 200_003, 10):
     tag = f"broadcast {n_elem} through the segment"
     inputs = [c.rank_input(np.dtype(np.float32), n_elem, r, 20) for r in range(N)]
     exact(tag, fastring.broadcast(to_fw(inputs[R]), root_rank=N - 1), inputs[N - 1], np.dtype(np.float32))

@@ -7,6 +7,7 @@ raise, exit0, exit3: V raises, exits 0 or exits 3 instead of calling the allredu
     call; the others print `rank R: FastringError after X s: ...` when theirs fails.
 stop_negotiation: after 50 small allreduces back to back, V stops itself (SIGSTOP) instead of
     calling the next, so the others wait in the negotiation cycle (the lean path's).
+stop_broadcast: as stop_transfer, over 1 MiB broadcasts from V (streamed through the segment).
 stop_transfer, kill_transfer: the ranks loop over 64 MiB allreduces; after the second, a
     thread of V stops (SIGSTOP) or kills (SIGKILL) its own process, almost surely while the
     bytes move (the loop is nearly all transfer).
@@ -93,6 +94,17 @@ try:
             if i == 1:
                 second.set()
         c.fail("1000 allreduces completed although a rank stopped")
+    elif case == "stop_broadcast":
+        second = threading.Event()
+        if R == V:
+            stop_self_after(second, signal.SIGSTOP)
+        streamed = big[:(1 << 20) // 4]  # streamed through V's ring in the segment
+        for i in range(1_000_000):
+            began = time.monotonic()
+            fastring.broadcast(streamed, root_rank=V, out=streamed, name=f"bc.{i}")
+            if i == 1:
+                second.set()
+        c.fail("a million broadcasts completed although their root stopped")
     elif case == "late_transfer":
         if R == V:
             time.sleep(6)  # the lateness itself is what is tested

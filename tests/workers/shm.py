@@ -5,7 +5,8 @@ check: the segment is mapped and already unlinked; every dtype x op through it, 
     large (by single copy: chunks claimed by whichever rank is free, uneven last chunk),
     Average and the postscale, out= into another array with the input left alone, fusion of
     async requests, grouped allreduce, compression, the negotiation cycle through it; the
-    other collectives' loops by single copy; a single copy that fails (a rank publishes an
+    other collectives' loops by single copy; streamed broadcasts; copies by streaming stores,
+    and allgather and alltoall writing their outputs with them, by single copy and in rounds; a single copy that fails (a rank publishes an
     address that is not mapped) raises on every rank and turns single copy off, after which
     the same large calls go in rounds through the segment's buffers; then FASTRING_SHM=0 falls
     back (and says why at debug level) and a second init maps a fresh segment.
@@ -25,9 +26,11 @@ import numpy as np
 
 import _common as c
 import fastring
-from fastring._core.config import SHM_ONE_STEP_BYTES, SHM_SINGLE_COPY_CHUNK_BYTES, SHM_TILE_BYTES
+from fastring._core.config import (SHM_ONE_STEP_BYTES, SHM_SINGLE_COPY_CHUNK_BYTES, SHM_STREAM_PIECE_BYTES,
+                                   SHM_STREAMING_STORE_BYTES, SHM_TILE_BYTES)
 from fastring._core.runtime import runtime
 from fastring._transport import CYCLE_HEADER_WORDS, SPECULATION_FAILED, array_address
+from fastring._transport.shm import copy_streaming
 from fastring import kernels
 from fastring.algorithms.shm import SharedMemory
 from fastring._core.ops import KERNEL_OP
@@ -210,6 +213,47 @@ def collectives_loops(tag, large):
     c.check_close(f"reduce_scatter {tag} input", values, inputs[R], 0)
 
 
+def streamed_broadcasts(tag):
+    """SharedSegment.stream_broadcast: every root in turn, back to back with no barrier
+    between them (so a root may refill ring space a slower reader has only just freed):
+    empty, one byte, a piece and one byte either side, odd sizes, more than the ring (it wraps
+    within one call), several calls of most of a ring in a row; then bad arguments."""
+    piece = SHM_STREAM_PIECE_BYTES
+    ring = shm.tile_bytes
+    sizes = [0, 1, piece - 1, piece, piece + 1, 3 * piece + 13, 2 * ring + 5 * piece + 3] + [ring - 7] * 3
+    results = []
+    for k, nbytes in enumerate(sizes):
+        root = k % N
+        expect = ((np.arange(nbytes, dtype=np.int64) * 31 + 7 * k + root) % 251).astype(np.uint8)
+        buf = expect.copy() if R == root else np.full(nbytes, 255, np.uint8)
+        shm.stream_broadcast(array_address(buf), nbytes, root)
+        results.append((f"stream_broadcast {nbytes} B from {root} {tag}", buf, expect))
+    for tag, got, expect in results:  # checked after all ran: a late overwrite would show
+        c.check_close(tag, got, expect, 0)
+    buf = np.zeros(8, np.uint8)
+    c.expect_error("stream_broadcast bad root", lambda: shm.stream_broadcast(array_address(buf), 8, N),
+                   ValueError, "root")
+    c.expect_error("stream_broadcast negative size", lambda: shm.stream_broadcast(array_address(buf), -1, 0),
+                   ValueError, "negative")
+
+
+def streaming_copies():
+    """copy_streaming, the copy the segment's large outputs take: every alignment of the
+    destination and source within a line and lengths around the 64-byte step, byte-exact and
+    nothing written past the end; then a bad length."""
+    src = (np.arange(5000, dtype=np.int64) * 37 % 253).astype(np.uint8)
+    for d_off in (0, 1, 15, 63):
+        for s_off in (0, 7, 64):
+            for length in (0, 1, 63, 64, 65, 200, 4000):
+                dst = np.full(4300, 255, np.uint8)
+                copy_streaming(array_address(dst) + d_off, array_address(src) + s_off, length)
+                expect = np.full(4300, 255, np.uint8)
+                expect[d_off:d_off + length] = src[s_off:s_off + length]
+                c.check_close(f"copy_streaming {d_off} {s_off} {length}", dst, expect, 0)
+    c.expect_error("copy_streaming negative", lambda: copy_streaming(0, 0, -1),
+                   ValueError, "negative")
+
+
 def counted_allgathers(tag):
     """allgather through the API, the row counts travelling in the data round's barrier
     (SharedSegment.allgather_rows): every dtype; uneven rows with one rank sending none;
@@ -307,8 +351,15 @@ dtypes_and_ops(c.DTYPES, lambda dt: (SHM_ONE_STEP_BYTES // dt.itemsize - 1,
 finished_where_reduced(lambda dt: (SHM_ONE_STEP_BYTES // dt.itemsize - 1,
                                     2 * SHM_SINGLE_COPY_CHUNK_BYTES // dt.itemsize + N + 1), "single copy")
 collectives_loops("single copy", 1 << 20)
+streamed_broadcasts("cached")
+streaming_copies()
 counted_allgathers("single copy")
 counted_alltoalls("single copy")
+# the same with every output written by streaming stores (from SHM_STREAMING_STORE_BYTES)
+shm.streaming_bytes = 0
+streamed_broadcasts("streaming stores")
+counted_allgathers("single copy, streaming stores")
+counted_alltoalls("single copy, streaming stores")
 # and through the API: allgather of uneven row counts, alltoall with splits
 rows = [c.rank_input(np.dtype(np.int64), (40_000 + 1000 * r, 4), r, 50) for r in range(N)]
 got = fastring.allgather(rows[R], name="ag single copy")
@@ -340,6 +391,9 @@ dtypes_and_ops([np.dtype(np.int32), np.dtype(np.float16), np.dtype(np.float64)],
                lambda dt: (SHM_TILE_BYTES // dt.itemsize + N + 1,), "rounds")
 finished_where_reduced(lambda dt: (SHM_TILE_BYTES // dt.itemsize + N + 1,), "rounds")
 collectives_loops("rounds", shm.tile_bytes)
+counted_allgathers("rounds, streaming stores")
+counted_alltoalls("rounds, streaming stores")
+shm.streaming_bytes = SHM_STREAMING_STORE_BYTES
 for count in (1, N - 1, N, 2 * N + 1):
     a = np.arange(count, dtype=np.float64) + R
     out = np.full(count, -1.0)
