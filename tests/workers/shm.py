@@ -8,15 +8,20 @@ check: the segment is mapped and already unlinked; every dtype x op through it, 
     other collectives' loops by single copy; a single copy that fails (a rank publishes an
     address that is not mapped) raises on every rank and turns single copy off, after which
     the same large calls go in rounds through the segment's buffers; then FASTRING_SHM=0 falls
-    back (and says why at debug level) and a second init maps a fresh segment.
+    back (and says why at debug level) and a second init maps a fresh segment. The single-copy
+    allreduce's chunks bit for bit on data that rounds (many, odd-sized, in parts), and one
+    whose copies the kernel refuses on one rank (a seccomp filter): an error on every rank.
 kill: rank V (the last) SIGKILLs itself while the ranks loop over 16 MiB allreduces.
 raise: rank V raises instead of calling the allreduce the others call.
 quick: one allreduce through the segment, checked.
 Every rank prints `rank R pid P` first, so the test can look for the launch's segment name
 (/dev/shm/fastring-<rank 0's pid>-...)."""
+import ctypes
+import errno
 import io
 import logging
 import os
+import platform
 import signal
 import sys
 import threading
@@ -25,9 +30,10 @@ import numpy as np
 
 import _common as c
 import fastring
-from fastring._core.config import SHM_ONE_STEP_BYTES, SHM_SINGLE_COPY_CHUNK_BYTES, SHM_TILE_BYTES
+from fastring._core.config import (SHM_ALLREDUCE_CHUNK_BYTES, SHM_ONE_STEP_BYTES, SHM_SINGLE_COPY_CHUNK_BYTES,
+                                   SHM_TILE_BYTES)
 from fastring._core.runtime import runtime
-from fastring._transport import array_address
+from fastring._transport import SharedSegment, array_address
 from fastring import kernels
 from fastring._core.ops import KERNEL_OP
 
@@ -41,6 +47,25 @@ V = N - 1
 pid0 = c.COMM.bcast(os.getpid(), root=0)
 print(f"rank {R} pid {os.getpid()}", flush=True)
 OPS = [fastring.Sum, fastring.Average, fastring.Min, fastring.Max, fastring.Product]
+
+
+def refuse_cross_memory_copies() -> None:
+    """From now on this thread's process_vm_readv/writev fail with EPERM (a seccomp filter, as a
+    container's policy might install; it cannot be removed)."""
+    numbers = {"x86_64": (0xC000003E, 310, 311), "aarch64": (0xC00000B7, 270, 271)}[platform.machine()]
+    arch, readv, writev = numbers
+    allow, refuse = 0x7FFF0000, 0x00050000 | errno.EPERM
+    # (code, jump if true, jump if false, k): load the arch, then the syscall number
+    program = [(0x20, 0, 0, 4), (0x15, 0, 3, arch), (0x20, 0, 0, 0), (0x15, 2, 0, readv),
+               (0x15, 1, 0, writev), (0x06, 0, 0, allow), (0x06, 0, 0, refuse)]
+    filters = (ctypes.c_uint64 * len(program))(*(code | jt << 16 | jf << 24 | k << 32 for code, jt, jf, k in program))
+
+    class Program(ctypes.Structure):
+        _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+    libc = ctypes.CDLL(None, use_errno=True)
+    prog = Program(len(program), ctypes.addressof(filters))
+    if libc.prctl(38, 1, 0, 0, 0) or libc.prctl(22, 2, ctypes.byref(prog), 0, 0):  # NO_NEW_PRIVS, SECCOMP
+        raise OSError(ctypes.get_errno(), "seccomp filter")
 
 
 def leftovers() -> list[str]:
@@ -233,6 +258,55 @@ starts = [np.cumsum([0] + [100_000 + 100 * j + 10 * r for j in range(N)]) for r 
 c.check_close("alltoall single copy", got, np.concatenate([every[r][starts[r][R]:starts[r][R + 1]] for r in range(N)]), 0)
 c.check_close("alltoall single copy splits", received, np.array([100_000 + 100 * R + 10 * r for r in range(N)]), 0)
 
+# The single-copy allreduce itself (shm.pyx, _single_copy_allreduce): whoever claims a chunk
+# reduces it in rank order and holds the result, the others read it from there. On data that
+# rounds (full float32 mantissas), the result must be the rank-order float32 reduction bit for
+# bit on every rank, whichever rank held which chunk: with many chunks (the holders' runs
+# interleave), a chunk size that is no multiple of the itemsize, one below the itemsize, in
+# place and out= (the input left alone), and a message larger than the holder table, which runs
+# in parts (a second segment with the smallest data buffers).
+def rank_order(inputs, op):
+    acc = inputs[0].copy()
+    for x in inputs[1:]:
+        acc = op(acc, x)  # in the inputs' dtype: one rounding per step, as the reducers do
+    return acc
+
+
+def single_copy_allreduce(seg, dtype, count, chunk, tag):
+    seg.allreduce_chunk = chunk
+    fn = kernels.reduce_cfunc(KERNEL_OP[fastring.Sum], dtype)
+    inputs = [np.random.default_rng([500 + count, r]).standard_normal(count).astype(dtype) for r in range(N)]
+    expected = rank_order(inputs, np.add)
+    exact = np.add.reduce([i.astype(np.longdouble) for i in inputs])
+    c.CHECKS.check(np.any(expected != exact), f"{tag}: the data does not round")
+    if N > 2:  # and another order of the reduction would give other bits
+        c.CHECKS.check(np.any(expected != inputs[0] + (inputs[1] + inputs[2])), f"{tag}: order does not matter")
+    x = inputs[R].copy()
+    out = np.full_like(x, np.nan)
+    seg.allreduce(array_address(x), array_address(out), x.nbytes, fn, dtype.itemsize, False)
+    c.check_close(f"{tag} out=", out, expected, 0)
+    c.check_close(f"{tag} input", x, inputs[R], 0)
+    seg.allreduce(array_address(x), array_address(x), x.nbytes, fn, dtype.itemsize, False)
+    c.check_close(f"{tag} in place", x, expected, 0)
+    c.check_identical(tag, x)
+
+
+f32, f64 = np.dtype(np.float32), np.dtype(np.float64)
+single_copy_allreduce(shm, f32, 300_001, 4096, "single-copy allreduce 4 KiB chunks")
+single_copy_allreduce(shm, f64, 150_001, 1000, "single-copy allreduce 1000-byte chunks")
+saved = shm.allreduce_single_copy_bytes
+shm.allreduce_single_copy_bytes = 8
+single_copy_allreduce(shm, f64, 37, 3, "single-copy allreduce chunks below the itemsize")
+shm.allreduce_single_copy_bytes = saved
+small, why = SharedSegment.attach(rt.transport, 4096, 4096)
+c.CHECKS.check(small is not None, f"no second segment: {why}")
+small.allreduce_single_copy_bytes = 1
+# each rank's table of ready chunks fills one 4096-byte data buffer, 8 bytes a chunk: 64-byte
+# chunks give parts of 32 KiB, so this message runs in 13 parts
+single_copy_allreduce(small, f32, 100_003, 64, "single-copy allreduce in parts")
+small.close()
+shm.allreduce_chunk = SHM_ALLREDUCE_CHUNK_BYTES
+
 # A single copy that fails: the last rank publishes an address nothing is mapped at (page 1),
 # and sends nothing to itself, so only the copies of its bytes fail, whichever rank makes them.
 matrix = np.full((N, N), shm.single_copy_bytes, np.int64)
@@ -323,4 +397,19 @@ fastring.init()
 c.CHECKS.check(runtime().shm is not None and not leftovers(), "a second init did not map a fresh segment")
 got = fastring.allreduce(xs[R].copy(), op=fastring.Sum, name="again")
 c.check_close("after re-init", got, exp, bound)
+
+# A single-copy allreduce whose copies fail on one rank: its kernel refuses the last rank every
+# copy between processes (a seccomp filter: EPERM), so it fails in whichever phase it copies
+# first; every rank still meets every barrier, raises FastringError naming the errno, and has
+# single copy off after. Last in this worker: the filter stays for the process's lifetime.
+shm = runtime().shm
+shm.allreduce_single_copy_bytes = 1 << 20
+c.CHECKS.check(runtime().transport.single_copy, "single copy is off after init")
+if R == V:
+    refuse_cross_memory_copies()
+big = c.rank_input(np.dtype(np.float32), SHM_TILE_BYTES // 2 + 3, R, 600)
+c.expect_error("a refused single-copy allreduce", lambda: shm.allreduce(
+    array_address(big), array_address(big), big.nbytes, sum_f32, 4, False), fastring.FastringError,
+    os.strerror(errno.EPERM), "off")
+c.CHECKS.check(not runtime().transport.single_copy, "single copy is still on after a refused copy")
 c.done("shm check")
