@@ -84,11 +84,6 @@ SHM_REDUCESCATTER_MAX_BYTES = 8 << 20
 SHM_SINGLE_COPY_BYTES = SHM_TILE_BYTES
 SHM_ALLREDUCE_SINGLE_COPY_BYTES = 16 << 20
 SHM_SINGLE_COPY_CHUNK_BYTES = 1 << 20
-# The single-copy allreduce reads and reduces SHM_ALLREDUCE_CHUNK_BYTES at a time: the landing
-# place stays in L2 while it is reduced, and a reduced chunk is still in the cache when the other
-# ranks read it; smaller chunks cost more calls into the kernel (BENCHMARKS.md, "Issue 18 (round
-# 2, session 4)").
-SHM_ALLREDUCE_CHUNK_BYTES = 512 << 10
 # A wait on the segment spins on loads this long (a peer in step arrives within microseconds),
 # then yields its core between loads until its spin time (WAIT_*_SPIN_SECONDS below) is up: on
 # a loaded machine the peer may be queued behind this very core, and a round barrier that

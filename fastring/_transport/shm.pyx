@@ -24,12 +24,11 @@ Large messages, where every rank may read and write the others' memory (Cross Me
 Attach, `Transport.enable_single_copy`), do not bounce through the data buffers: each rank
 publishes in its address table where its input and its result are, and after one barrier the
 ranks split the message's chunks between them, claiming each from the shared claim counter:
-whoever claims a chunk reads it from the ranks that hold it and writes it into the ranks that
-need it, one copy each way. An allreduce only reads: the claimer reduces the chunk over every
-rank in rank order into its own result and marks it ready, and the others read it from there
-between their own chunks. A last barrier ends the call, when no rank touches another's memory
-any more. A few barriers a call, however large: a rank that is preempted holds back at most
-the chunk it was working on, and the others take the rest of the work.
+whoever claims a chunk reads it from the ranks that hold it and writes it (or, for a
+reduction, its reduction over every rank in rank order) into the ranks that need it, one
+copy each way. A second barrier ends the call, when no rank touches another's memory any
+more. Two barriers a call, however large: a rank that is preempted holds back at most the
+chunk it was working on, and the others take the rest of the work.
 
 The segment is created by rank 0 under a name unique to the launch and unlinked as soon as
 every rank has mapped it: nothing is left in /dev/shm after any exit, SIGKILL included (the
@@ -42,7 +41,7 @@ call.
 
 from libc.stdint cimport int64_t, uint64_t, uintptr_t
 from libc.stdlib cimport free
-from libc.string cimport memcpy, memset
+from libc.string cimport memcpy
 from posix.fcntl cimport O_CREAT, O_EXCL, O_RDWR
 from posix.mman cimport MAP_SHARED, PROT_READ, PROT_WRITE, mmap, munmap, shm_open, shm_unlink
 from posix.types cimport off_t, pid_t
@@ -52,8 +51,8 @@ from .broadcast cimport vm_copy
 from .cycle cimport HASH, HEADER_WORDS, PAYLOAD_BYTES, block_bytes, combine_blocks
 from .mpi cimport Link, TransportBase, back_off, now, reduce_fn_t
 
-from .._core.config import (SHM_ALLREDUCE_CHUNK_BYTES, SHM_ALLREDUCE_SINGLE_COPY_BYTES, SHM_HOT_SPIN_SECONDS,
-                            SHM_SINGLE_COPY_BYTES, SHM_SINGLE_COPY_CHUNK_BYTES, WAIT_CYCLE_SPIN_SECONDS)
+from .._core.config import (SHM_ALLREDUCE_SINGLE_COPY_BYTES, SHM_HOT_SPIN_SECONDS, SHM_SINGLE_COPY_BYTES,
+                            SHM_SINGLE_COPY_CHUNK_BYTES, WAIT_CYCLE_SPIN_SECONDS)
 from .._core.errors import FastringError
 
 import os
@@ -134,8 +133,6 @@ cdef class SharedSegment:
     cdef uint64_t data_rounds, cycles
     cdef uint64_t claimed      # where the claim counter stands when every rank is between calls
     cdef int64_t chunk         # bytes per claimed chunk of a single-copy call
-    # bytes per claimed chunk of a single-copy allreduce (at most `chunk`; tests lower it)
-    cdef public int64_t allreduce_chunk
     # Where single copy starts (SHM_SINGLE_COPY_BYTES, SHM_ALLREDUCE_SINGLE_COPY_BYTES); tests
     # lower them, on every rank alike, to run small messages that way.
     cdef public int64_t single_copy_bytes, allreduce_single_copy_bytes
@@ -180,7 +177,6 @@ cdef class SharedSegment:
         s.table_stride = _align((2 * n + 1) * 8, LINE)
         s.cycle_off = _align(s.table_off + n * s.table_stride, PAGE)
         s.chunk = _align(SHM_SINGLE_COPY_CHUNK_BYTES, PAGE)
-        s.allreduce_chunk = SHM_ALLREDUCE_CHUNK_BYTES
         s.single_copy_bytes = SHM_SINGLE_COPY_BYTES
         s.allreduce_single_copy_bytes = SHM_ALLREDUCE_SINGLE_COPY_BYTES
         s.scratch = <char*> aligned_alloc(PAGE, 2 * s.chunk)
@@ -348,93 +344,14 @@ cdef class SharedSegment:
         raise FastringError(f"a copy between the ranks' memories failed ({os.strerror(err)}); "
                             "the result is incomplete, and such copies are off from now on")
 
-    cdef int _single_copy_allreduce(self, char* src, char* dst, int64_t nbytes, reduce_fn_t reduce,
-                                    int64_t itemsize) except -1 nogil:
-        """Every copy reads (a copy out of another process ran faster than one into it here):
-        whoever claims a chunk reads it from every other rank, reduces it in rank order into
-        its own `dst` and marks it ready in its table; between its own chunks, and once none is
-        left to claim after a barrier, every rank reads each ready chunk it did not reduce from
-        the rank that did, a run of them in one call, while it is still in the cache. One
-        reducer per chunk, so the same bits everywhere. In place, a chunk of a rank's input is
-        read only by its claimer and overwritten only after it is marked ready. Each rank's
-        table lives in its data buffer of the next round (free until then: see the module
-        docstring); a message with more chunks than a table holds runs in parts, each a whole
-        call of its own."""
-        cdef int n = self.size, me = self.rank, err = 0
-        # small enough that the landing place stays in L2 while it is reduced
-        cdef int64_t per = max(itemsize, min(self.allreduce_chunk, self.chunk) // itemsize * itemsize)
-        cdef int64_t part = self.tile // 8 * per, done = 0, size, at, count, settled
-        cdef uint64_t first, end, c
-        cdef uint64_t* ready = <uint64_t*> self._data(me, self.data_rounds)
-        while done < nbytes and not err:
-            size = min(part, nbytes - done)
-            count = (size + per - 1) // per
-            memset(ready, 0, count * 8)  # no stale word may look like a mark of this call
-            self._table(me)[1] = <uint64_t> (src + done)
-            self._table(me)[1 + n] = <uint64_t> (dst + done)
-            self._data_arrive()
-            first = self._chunks(count)
-            end = self.claimed
-            settled = 0
-            while not err:
-                c = self._claim(end)
-                if c >= end:
-                    break
-                at = (c - first) * per
-                err = self._reduce_chunk(src + done, dst + done, at, min(per, size - at), reduce, itemsize)
-                if not err:
-                    fr_store(&ready[c - first], c + 1)
-                    err = self._read_ready(dst + done, size, per, first, count, &settled)
-            self._data_arrive()  # every chunk is reduced and marked
-            if not err:
-                err = self._read_ready(dst + done, size, per, first, count, &settled)
-            err = self._finish(err)
-            done += size
-        return err
-
-    cdef int _read_ready(self, char* dst, int64_t size, int64_t per, uint64_t first, int64_t count,
-                         int64_t* settled) noexcept nogil:
-        """Read into `dst` the chunks from *settled on that another rank has marked ready, up
-        to the first one nobody has (this rank's own are in place already); advances
-        *settled. Returns 0 or an errno."""
-        cdef int n = self.size, me = self.rank, r, holder, err
-        cdef int64_t i = settled[0], j, at
-        cdef uint64_t* mark
-        while i < count:
-            holder = -1
-            for r in range(n):
-                if fr_load(<uint64_t*> self._data(r, self.data_rounds) + i) == first + i + 1:
-                    holder = r
-                    break
-            if holder < 0:
-                break
-            if holder == me:
-                i += 1
-                continue
-            mark = <uint64_t*> self._data(holder, self.data_rounds)
-            j = i + 1
-            while j < count and fr_load(mark + j) == first + j + 1:
-                j += 1
-            at = i * per
-            err = vm_copy(False, self.transport.pids[holder], dst + at, self._table(holder)[1 + n] + at,
-                          min(j * per, size) - at)
-            if err:
-                return err
-            i = j
-        settled[0] = i
-        return 0
-
-    cdef int _reduce_chunk(self, char* src, char* dst, int64_t at, int64_t nbytes, reduce_fn_t reduce,
-                           int64_t itemsize) noexcept nogil:
-        """dst[at:at + nbytes] = (rank 0's op rank 1's op ...) over those bytes of every
-        rank's input (SEND[0]; this rank's is `src`), each peer's read into the landing place
-        and reduced while it is hot. The sum accumulates in `dst`, except on a rank other than
-        0 in place, whose input must stay until it is reduced: there in its scratch, copied
-        out after. Returns 0 or an errno."""
+    cdef int _gather_reduce(self, char* acc, char* src, int64_t at, int64_t nbytes, reduce_fn_t reduce,
+                            int64_t itemsize) noexcept nogil:
+        """acc = (rank 0's op rank 1's op ...) over the `nbytes` at byte `at` of every rank's
+        input (SEND[0]; this rank's is `src`); `acc` may be `src + at` on rank 0 only.
+        Returns 0 or an errno."""
         cdef int n = self.size, me = self.rank, r, err = 0
         cdef const pid_t* pids = self.transport.pids
         cdef char* landing = self.scratch + self.chunk
-        cdef char* acc = self.scratch if src == dst and me != 0 else dst + at
         if me == 0:
             if acc != src + at:
                 memcpy(acc, src + at, nbytes)
@@ -449,9 +366,42 @@ cdef class SharedSegment:
                 err = vm_copy(False, pids[r], landing, self._table(r)[1] + at, nbytes)
                 if not err:
                     reduce(acc, landing, nbytes // itemsize)
-        if not err and acc != dst + at:
-            memcpy(dst + at, acc, nbytes)
         return err
+
+    cdef int _single_copy_allreduce(self, char* src, char* dst, int64_t nbytes, reduce_fn_t reduce,
+                                    int64_t itemsize) except -1 nogil:
+        """Whoever claims a chunk reduces it over every rank, in rank order, and writes the
+        result into every rank's `dst`: one reducer per chunk, so the same bits everywhere.
+        In place, a chunk of a rank's input is overwritten only by its own reducer, after it
+        read it."""
+        cdef int n = self.size, me = self.rank, r, err = 0
+        cdef const pid_t* pids = self.transport.pids
+        cdef int64_t per = self.chunk // itemsize * itemsize, at, k
+        cdef uint64_t first, end, c
+        cdef char* acc
+        self._table(me)[1] = <uint64_t> src
+        self._table(me)[1 + n] = <uint64_t> dst
+        self._data_arrive()
+        first = self._chunks((nbytes + per - 1) // per)
+        end = self.claimed
+        while not err:
+            c = self._claim(end)
+            if c >= end:
+                break
+            at = (c - first) * per
+            k = min(per, nbytes - at)
+            # rank 0 accumulates in its result; another rank must not overwrite its input in
+            # place before reducing it, so it accumulates in its scratch
+            acc = self.scratch if src == dst and me != 0 else dst + at
+            err = self._gather_reduce(acc, src, at, k, reduce, itemsize)
+            if not err and acc != dst + at:
+                memcpy(dst + at, acc, k)
+            r = 0
+            while not err and r < n:
+                if r != me:
+                    err = vm_copy(True, pids[r], acc, self._table(r)[1 + n] + at, k)
+                r += 1
+        return self._finish(err)
 
     cdef int _single_copy_moves(self, const int64_t* lengths, bint per_source) except -1 nogil:
         """Every rank j's bytes for every other rank k, lengths[j * n + k] of them (or

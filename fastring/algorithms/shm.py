@@ -14,8 +14,8 @@ class SharedMemory:
     result by reading the others' buffers directly, then copies the other parts from where
     they were reduced (one barrier up to SHM_ONE_STEP_BYTES, where every rank reduces the
     whole message in rank order instead; from SHM_ALLREDUCE_SINGLE_COPY_BYTES, where the ranks
-    may copy between their memories, whichever rank claims a chunk reads it from every rank and
-    reduces it into its own result, and the others read it from there). Any dtype and op the kernels reduce; each
+    may copy between their memories, each chunk is read from every rank, reduced and written
+    into every rank by whichever rank claims it). Any dtype and op the kernels reduce; each
     element is reduced by one rank (or by all alike), so the results are bitwise identical
     everywhere."""
 

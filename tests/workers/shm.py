@@ -9,8 +9,8 @@ check: the segment is mapped and already unlinked; every dtype x op through it, 
     address that is not mapped) raises on every rank and turns single copy off, after which
     the same large calls go in rounds through the segment's buffers; then FASTRING_SHM=0 falls
     back (and says why at debug level) and a second init maps a fresh segment. The single-copy
-    allreduce's chunks bit for bit on data that rounds (many, odd-sized, in parts), and one
-    whose copies the kernel refuses on one rank (a seccomp filter): an error on every rank.
+    allreduce bit for bit in rank order on data that rounds, and one whose copies the kernel
+    refuses (a seccomp filter): an error on every rank.
 kill: rank V (the last) SIGKILLs itself while the ranks loop over 16 MiB allreduces.
 raise: rank V raises instead of calling the allreduce the others call.
 quick: one allreduce through the segment, checked.
@@ -30,10 +30,9 @@ import numpy as np
 
 import _common as c
 import fastring
-from fastring._core.config import (SHM_ALLREDUCE_CHUNK_BYTES, SHM_ONE_STEP_BYTES, SHM_SINGLE_COPY_CHUNK_BYTES,
-                                   SHM_TILE_BYTES)
+from fastring._core.config import SHM_ONE_STEP_BYTES, SHM_SINGLE_COPY_CHUNK_BYTES, SHM_TILE_BYTES
 from fastring._core.runtime import runtime
-from fastring._transport import SharedSegment, array_address
+from fastring._transport import array_address
 from fastring import kernels
 from fastring._core.ops import KERNEL_OP
 
@@ -259,12 +258,10 @@ c.check_close("alltoall single copy", got, np.concatenate([every[r][starts[r][R]
 c.check_close("alltoall single copy splits", received, np.array([100_000 + 100 * R + 10 * r for r in range(N)]), 0)
 
 # The single-copy allreduce itself (shm.pyx, _single_copy_allreduce): whoever claims a chunk
-# reduces it in rank order and holds the result, the others read it from there. On data that
-# rounds (full float32 mantissas), the result must be the rank-order float32 reduction bit for
-# bit on every rank, whichever rank held which chunk: with many chunks (the holders' runs
-# interleave), a chunk size that is no multiple of the itemsize, one below the itemsize, in
-# place and out= (the input left alone), and a message larger than the holder table, which runs
-# in parts (a second segment with the smallest data buffers).
+# reduces it in rank order and writes it into every rank. On data that rounds (full float32 and
+# float64 mantissas), the result must be the rank-order reduction in the inputs' dtype bit for
+# bit on every rank, whichever rank reduced which chunk: several chunks and an uneven last one,
+# in place and out= (the input left alone). At np=3 another order would give other bits.
 def rank_order(inputs, op):
     acc = inputs[0].copy()
     for x in inputs[1:]:
@@ -272,40 +269,26 @@ def rank_order(inputs, op):
     return acc
 
 
-def single_copy_allreduce(seg, dtype, count, chunk, tag):
-    seg.allreduce_chunk = chunk
+def single_copy_allreduce(dtype, count, tag):
     fn = kernels.reduce_cfunc(KERNEL_OP[fastring.Sum], dtype)
     inputs = [np.random.default_rng([500 + count, r]).standard_normal(count).astype(dtype) for r in range(N)]
     expected = rank_order(inputs, np.add)
     exact = np.add.reduce([i.astype(np.longdouble) for i in inputs])
     c.CHECKS.check(np.any(expected != exact), f"{tag}: the data does not round")
-    if N > 2:  # and another order of the reduction would give other bits
+    if N > 2:
         c.CHECKS.check(np.any(expected != inputs[0] + (inputs[1] + inputs[2])), f"{tag}: order does not matter")
     x = inputs[R].copy()
     out = np.full_like(x, np.nan)
-    seg.allreduce(array_address(x), array_address(out), x.nbytes, fn, dtype.itemsize, False)
+    shm.allreduce(array_address(x), array_address(out), x.nbytes, fn, dtype.itemsize, False)
     c.check_close(f"{tag} out=", out, expected, 0)
     c.check_close(f"{tag} input", x, inputs[R], 0)
-    seg.allreduce(array_address(x), array_address(x), x.nbytes, fn, dtype.itemsize, False)
+    shm.allreduce(array_address(x), array_address(x), x.nbytes, fn, dtype.itemsize, False)
     c.check_close(f"{tag} in place", x, expected, 0)
     c.check_identical(tag, x)
 
 
-f32, f64 = np.dtype(np.float32), np.dtype(np.float64)
-single_copy_allreduce(shm, f32, 300_001, 4096, "single-copy allreduce 4 KiB chunks")
-single_copy_allreduce(shm, f64, 150_001, 1000, "single-copy allreduce 1000-byte chunks")
-saved = shm.allreduce_single_copy_bytes
-shm.allreduce_single_copy_bytes = 8
-single_copy_allreduce(shm, f64, 37, 3, "single-copy allreduce chunks below the itemsize")
-shm.allreduce_single_copy_bytes = saved
-small, why = SharedSegment.attach(rt.transport, 4096, 4096)
-c.CHECKS.check(small is not None, f"no second segment: {why}")
-small.allreduce_single_copy_bytes = 1
-# each rank's table of ready chunks fills one 4096-byte data buffer, 8 bytes a chunk: 64-byte
-# chunks give parts of 32 KiB, so this message runs in 13 parts
-single_copy_allreduce(small, f32, 100_003, 64, "single-copy allreduce in parts")
-small.close()
-shm.allreduce_chunk = SHM_ALLREDUCE_CHUNK_BYTES
+single_copy_allreduce(np.dtype(np.float32), 3 * SHM_SINGLE_COPY_CHUNK_BYTES // 4 + 12_345, "single-copy allreduce float32")
+single_copy_allreduce(np.dtype(np.float64), 2 * SHM_SINGLE_COPY_CHUNK_BYTES // 8 + 777, "single-copy allreduce float64")
 
 # A single copy that fails: the last rank publishes an address nothing is mapped at (page 1),
 # and sends nothing to itself, so only the copies of its bytes fail, whichever rank makes them.
@@ -398,15 +381,15 @@ c.CHECKS.check(runtime().shm is not None and not leftovers(), "a second init did
 got = fastring.allreduce(xs[R].copy(), op=fastring.Sum, name="again")
 c.check_close("after re-init", got, exp, bound)
 
-# A single-copy allreduce whose copies fail on one rank: its kernel refuses the last rank every
-# copy between processes (a seccomp filter: EPERM), so it fails in whichever phase it copies
-# first; every rank still meets every barrier, raises FastringError naming the errno, and has
-# single copy off after. Last in this worker: the filter stays for the process's lifetime.
+# A single-copy allreduce whose copies the kernel refuses (a seccomp filter: EPERM, as a
+# container's policy might): every rank still meets both barriers, raises FastringError naming
+# the errno, and has single copy off after. Every rank refuses, so that each fails whichever
+# chunks it claims (one failing rank is the alltoallv case above). Last in this worker: the
+# filter stays for the process's lifetime.
 shm = runtime().shm
 shm.allreduce_single_copy_bytes = 1 << 20
 c.CHECKS.check(runtime().transport.single_copy, "single copy is off after init")
-if R == V:
-    refuse_cross_memory_copies()
+refuse_cross_memory_copies()
 big = c.rank_input(np.dtype(np.float32), SHM_TILE_BYTES // 2 + 3, R, 600)
 c.expect_error("a refused single-copy allreduce", lambda: shm.allreduce(
     array_address(big), array_address(big), big.nbytes, sum_f32, 4, False), fastring.FastringError,
