@@ -261,7 +261,8 @@ c.check_close("alltoall single copy splits", received, np.array([100_000 + 100 *
 # reduces it in rank order and writes it into every rank. On data that rounds (full float32 and
 # float64 mantissas), the result must be the rank-order reduction in the inputs' dtype bit for
 # bit on every rank, whichever rank reduced which chunk: several chunks and an uneven last one,
-# in place and out= (the input left alone). At np=3 another order would give other bits.
+# in place and out= (the input left alone), and in rounds where rank 0 prefers them. At np=3
+# another order would give other bits.
 def rank_order(inputs, op):
     acc = inputs[0].copy()
     for x in inputs[1:]:
@@ -269,7 +270,7 @@ def rank_order(inputs, op):
     return acc
 
 
-def single_copy_allreduce(dtype, count, tag):
+def single_copy_allreduce(dtype, count, tag, prefer_rounds=False, path="single copy"):
     fn = kernels.reduce_cfunc(KERNEL_OP[fastring.Sum], dtype)
     inputs = [np.random.default_rng([500 + count, r]).standard_normal(count).astype(dtype) for r in range(N)]
     expected = rank_order(inputs, np.add)
@@ -279,16 +280,33 @@ def single_copy_allreduce(dtype, count, tag):
         c.CHECKS.check(np.any(expected != inputs[0] + (inputs[1] + inputs[2])), f"{tag}: order does not matter")
     x = inputs[R].copy()
     out = np.full_like(x, np.nan)
-    shm.allreduce(array_address(x), array_address(out), x.nbytes, fn, dtype.itemsize, False)
+    ran = shm.allreduce(array_address(x), array_address(out), x.nbytes, fn, dtype.itemsize, False, prefer_rounds)
+    c.CHECKS.check(ran == path, f"{tag}: ran {ran!r}, not {path!r}")
     c.check_close(f"{tag} out=", out, expected, 0)
     c.check_close(f"{tag} input", x, inputs[R], 0)
-    shm.allreduce(array_address(x), array_address(x), x.nbytes, fn, dtype.itemsize, False)
+    ran = shm.allreduce(array_address(x), array_address(x), x.nbytes, fn, dtype.itemsize, False, prefer_rounds)
+    c.CHECKS.check(ran == path, f"{tag} in place: ran {ran!r}, not {path!r}")
     c.check_close(f"{tag} in place", x, expected, 0)
     c.check_identical(tag, x)
 
 
-single_copy_allreduce(np.dtype(np.float32), 3 * SHM_SINGLE_COPY_CHUNK_BYTES // 4 + 12_345, "single-copy allreduce float32")
+F32_COUNT = 3 * SHM_SINGLE_COPY_CHUNK_BYTES // 4 + 12_345
+single_copy_allreduce(np.dtype(np.float32), F32_COUNT, "single-copy allreduce float32")
 single_copy_allreduce(np.dtype(np.float64), 2 * SHM_SINGLE_COPY_CHUNK_BYTES // 8 + 777, "single-copy allreduce float64")
+# Rank 0's preference for the rounds sends every rank there; another rank's alone does not.
+single_copy_allreduce(np.dtype(np.float32), F32_COUNT, "rounds by rank 0's choice", R == 0, "rounds by choice")
+single_copy_allreduce(np.dtype(np.float32), F32_COUNT, "rounds by another rank's choice", R != 0)
+# Through the API, one buffer over and over: single copy, then the rounds, then the faster
+# (PathTimes), every result exact.
+paths_of = fastring.algorithms.shm._PATHS
+big = [c.rank_input(np.dtype(np.int32), F32_COUNT, r, 700) for r in range(N)]
+mine = np.empty_like(big[R])
+for call in range(4):
+    np.copyto(mine, big[R])
+    fastring.allreduce(mine, op=fastring.Sum, name="one buffer", out=mine)
+    c.check_close(f"one buffer, call {call}", mine, np.add.reduce(np.stack(big), dtype=np.int32), 0)
+measured = paths_of.times.get((array_address(mine), mine.nbytes))
+c.CHECKS.check(measured is not None and None not in measured[:2], f"both paths not measured: {measured}")
 
 # A single copy that fails: the last rank publishes an address nothing is mapped at (page 1),
 # and sends nothing to itself, so only the copies of its bytes fail, whichever rank makes them.
