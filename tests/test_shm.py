@@ -41,8 +41,9 @@ def test_nothing_left_after_a_failed_rank():
 
 def test_path_times():
     """Which path a single-copy-sized allreduce takes for a buffer (algorithms.shm.PathTimes):
-    single copy first, the rounds second, then the faster, the other every `retry` calls; the
-    table starts over past its size. Its docstring example runs too."""
+    single copy first, the rounds second, then the one with the fastest of its last `kept`
+    times, the other every `retry` calls; the table starts over past its size. Its docstring
+    example runs too."""
     from fastring.algorithms import shm
     from conftest import check_doctests
     check_doctests((shm,), more_than=3)
@@ -55,7 +56,14 @@ def test_path_times():
     assert [p.prefer_rounds(a) for _ in range(6)] == [False, False, True, False, False, True]
     p.record(a, False, 0.5e-3)  # now the rounds are faster: single copy every third call
     assert [p.prefer_rounds(a) for _ in range(3)] == [True, True, False]
+    for _ in range(p.kept - 1):  # slower rounds calls: the fastest kept one still counts
+        p.record(a, False, 5e-3)
+    assert p.prefer_rounds(a) is True
+    p.record(a, False, 5e-3)  # the fast one has left the kept times: single copy is faster
+    assert p.prefer_rounds(a) is False
     p.most = 2
     p.record(b, True, 1e-3)
     p.record((3 << 12, 16 << 20), True, 1e-3)
     assert list(p.times) == [(3 << 12, 16 << 20)]
+    p.record((3 << 12, 16 << 20), True, 1e-3)
+    assert len(p.times[(3 << 12, 16 << 20)][0]) == 2

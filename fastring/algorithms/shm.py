@@ -53,13 +53,13 @@ class SharedMemory:
 
 class PathTimes:
     """Which path a single-copy-sized allreduce of one buffer takes: single copy or the rounds,
-    by their last measured times for that buffer (its address and size). A copy between
-    processes pins every page it touches, so it ran 1.7x slower on memory without huge pages
-    than with them, where the rounds (plain copies through the segment) do not care; which
-    one a buffer has is up to the kernel (BENCHMARKS.md, "Issue 18 (round 2, session 4)").
-    The first call of a buffer goes by single copy, the second in rounds, then the faster,
-    the other again every `retry` calls. Only rank 0's preference counts (the segment
-    publishes it), so the ranks always agree.
+    by the fastest of each one's last `kept` times for that buffer (its address and size). A
+    copy between processes pins every page it touches, so it ran 1.7x slower on memory without
+    huge pages than with them, where the rounds (plain copies through the segment) do not
+    care; which one a buffer has is up to the kernel (BENCHMARKS.md, "Issue 18 (round 2,
+    session 4)"). The first call of a buffer goes by single copy, the second in rounds, then
+    the faster, the other again every `retry` calls. Only rank 0's preference counts (the
+    segment publishes it), so the ranks always agree.
 
     Example:
         >>> p = PathTimes(retry=4); key = (0x1000, 16 << 20)
@@ -72,27 +72,30 @@ class PathTimes:
     """
 
     most = 256  # buffers remembered; past that the table starts over
+    kept = 3    # times kept per path: the fastest of them counts, so one slow call does not flip
 
     def __init__(self, retry: int = SHM_ALLREDUCE_RETRY_CALLS):
         self.retry = retry
-        self.times: dict[tuple[int, int], list] = {}  # key -> [single copy s, rounds s, calls]
+        self.times: dict[tuple[int, int], list] = {}  # key -> [single copy times, rounds times, calls]
 
     def prefer_rounds(self, key: tuple[int, int]) -> bool:
         t = self.times.get(key)
-        if t is None or t[0] is None:
+        if t is None or not t[0]:
             return False
-        if t[1] is None:
+        if not t[1]:
             return True
         t[2] += 1
-        return (t[1] < t[0]) != (t[2] % self.retry == 0)
+        return (min(t[1]) < min(t[0])) != (t[2] % self.retry == 0)
 
     def record(self, key: tuple[int, int], single_copy: bool, seconds: float) -> None:
         t = self.times.get(key)
         if t is None:
             if len(self.times) >= self.most:
                 self.times.clear()
-            t = self.times[key] = [None, None, 0]
-        t[0 if single_copy else 1] = seconds
+            t = self.times[key] = [[], [], 0]
+        times = t[0 if single_copy else 1]
+        times.append(seconds)
+        del times[:-self.kept]
 
 
 _PATHS = PathTimes()
