@@ -58,8 +58,10 @@ class PathTimes:
     huge pages than with them, where the rounds (plain copies through the segment) do not
     care; which one a buffer has is up to the kernel (BENCHMARKS.md, "Issue 18 (round 2,
     session 4)"). The first call of a buffer goes by single copy, the second in rounds, then
-    the faster, the other again every `retry` calls. Only rank 0's preference counts (the
-    segment publishes it), so the ranks always agree.
+    the faster, the other again every `retry` calls; the rounds take over only once single
+    copy has been timed twice, so that one preempted first call does not send a buffer to
+    the slower path for `retry` calls. Only rank 0's preference counts (the segment publishes
+    it), so the ranks always agree.
 
     Example:
         >>> p = PathTimes(retry=4); key = (0x1000, 16 << 20)
@@ -67,8 +69,10 @@ class PathTimes:
         False
         >>> p.record(key, True, 2e-3); p.prefer_rounds(key)
         True
-        >>> p.record(key, False, 1e-3); [p.prefer_rounds(key) for _ in range(4)]
-        [True, True, True, False]
+        >>> p.record(key, False, 1e-3); p.prefer_rounds(key)   # once more by single copy
+        False
+        >>> p.record(key, True, 2e-3); [p.prefer_rounds(key) for _ in range(4)]
+        [True, True, False, True]
     """
 
     most = 256  # buffers remembered; past that the table starts over
@@ -85,7 +89,7 @@ class PathTimes:
         if not t[1]:
             return True
         t[2] += 1
-        return (min(t[1]) < min(t[0])) != (t[2] % self.retry == 0)
+        return (len(t[0]) > 1 and min(t[1]) < min(t[0])) != (t[2] % self.retry == 0)
 
     def record(self, key: tuple[int, int], single_copy: bool, seconds: float) -> None:
         t = self.times.get(key)
