@@ -39,13 +39,16 @@ class SharedMemory:
         reduce_fn = kernels.reduce_cfunc(KERNEL_OP[r.op], spec.dtype)
         itemsize = spec.dtype.itemsize
         one_step = flat.nbytes <= min(SHM_ONE_STEP_BYTES, shm.tile_bytes)
-        key = (array_address(flat), flat.nbytes)
         with r.phase("shm-allreduce"):
-            start = time.perf_counter()
-            ran = shm.allreduce(array_address(src), key[0], flat.nbytes, reduce_fn, itemsize, one_step,
-                                _PATHS.prefer_rounds(key))
-            if ran in ("single copy", "rounds by choice"):
-                _PATHS.record(key, ran == "single copy", time.perf_counter() - start)
+            if flat.nbytes < shm.allreduce_single_copy_bytes:  # no choice to make: no timing
+                shm.allreduce(array_address(src), array_address(flat), flat.nbytes, reduce_fn, itemsize, one_step)
+            else:
+                key = (array_address(flat), flat.nbytes)
+                start = time.perf_counter()
+                ran = shm.allreduce(array_address(src), key[0], flat.nbytes, reduce_fn, itemsize, one_step,
+                                    _PATHS.prefer_rounds(key))
+                if ran in ("single copy", "rounds by choice"):
+                    _PATHS.record(key, ran == "single copy", time.perf_counter() - start)
             # Every rank finalizes the whole result, all alike: an extra pass over the data,
             # but no callback into Python (and so no wait for the GIL) inside the loop.
             r.finalize(flat)
