@@ -87,11 +87,18 @@ def calls_for(nbytes: int) -> tuple[int, int]:
     return 1, 5
 
 
-def allreduce_rows(sizes, comm, barrier: bool) -> list[dict]:
+def allreduce_buffers(sizes) -> dict:
+    """fastring's and MPI's buffer for each size, allocated once for both passes (without and
+    with the caller's barrier), so that both measure the same memory: a buffer allocated after
+    the first pass freed its large arrays came from the heap, often with fewer transparent
+    huge pages, and how fast a copy between processes runs depends on that (BENCHMARKS.md,
+    "Issue 18 (round 2, session 4)")."""
+    return {nbytes: (np.ones(nbytes // 4, np.float32), np.ones(nbytes // 4, np.float32)) for nbytes in sizes}
+
+
+def allreduce_rows(buffers: dict, comm, barrier: bool) -> list[dict]:
     rows = []
-    for nbytes in sizes:
-        x = np.ones(nbytes // 4, np.float32)
-        y = np.ones(nbytes // 4, np.float32)
+    for nbytes, (x, y) in buffers.items():
         name = f"x{nbytes}"
         calls, trials = calls_for(nbytes)
         row = compare(lambda: fastring.allreduce(x, op=fastring.Sum, name=name, out=x),
@@ -228,7 +235,9 @@ def main() -> None:
     fastring.init()
     comm = MPI.COMM_WORLD
     sizes = [parse_bytes(s) for s in args.sizes.split(",") if s]
-    rows = allreduce_rows(sizes, comm, False) + allreduce_rows(sizes, comm, True) + [grouped_row(comm)]
+    buffers = allreduce_buffers(sizes)
+    rows = allreduce_rows(buffers, comm, False) + allreduce_rows(buffers, comm, True) + [grouped_row(comm)]
+    del buffers
     rows += collective_rows(comm, [parse_bytes(s) for s in args.collectives.split(",") if s])
     if not args.no_floor:
         rows.append(floor_row(comm))

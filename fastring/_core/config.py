@@ -96,6 +96,11 @@ SHM_STREAM_BROADCAST_MAX_BYTES = 16 << 20
 # (non-temporal) stores: at this size the output no longer stays in the cache anyway, and a
 # plain store reads each line before writing it.
 SHM_STREAMING_STORE_BYTES = 16 << 20
+# A single-copy-sized allreduce of a buffer goes by single copy or in rounds, whichever was the
+# faster for that buffer (huge pages or not decide it: fastring.algorithms.shm.PathTimes); the
+# other is tried again every SHM_ALLREDUCE_RETRY_CALLS calls: at 16 and 64 MiB the slower path
+# took about twice the faster's time, so each retry costs 1/64 of a call on average.
+SHM_ALLREDUCE_RETRY_CALLS = 64
 # A wait on the segment spins on loads this long (a peer in step arrives within microseconds),
 # then yields its core between loads until its spin time (WAIT_*_SPIN_SECONDS below) is up: on
 # a loaded machine the peer may be queued behind this very core, and a round barrier that

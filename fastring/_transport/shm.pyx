@@ -7,7 +7,7 @@ Layout (every area on its own cache lines):
 
     [sequence word of rank 0 | ... of rank n-1]            one 128-byte line each
     [claim counter]                                        one line
-    [address table of rank 0 | ... of rank n-1]            2n + 1 words each
+    [address table of rank 0 | ... of rank n-1]            2n + 2 words each
     [cycle slot 0 and 1 of rank 0 | ... of rank n-1]       negotiation blocks
     [data buffer 0 and 1 of rank 0 | ... of rank n-1]      `tile` bytes each
     [stream ring of rank 0 | ... of rank n-1]              `tile` bytes each (broadcasts)
@@ -149,6 +149,7 @@ DEF SUB_BYTES = 32768   # the reduction's unit: a piece copied and reduced while
 # streams it received (both in bytes of the one stream position every rank counts alike).
 DEF STREAM_SENT = 8
 DEF STREAM_READ = 9
+DEF IN_ROUNDS = -2      # a single-copy allreduce that rank 0 sent in rounds instead
 
 cdef double _CYCLE_SPIN = WAIT_CYCLE_SPIN_SECONDS
 cdef double _HOT_SPIN = SHM_HOT_SPIN_SECONDS
@@ -230,7 +231,7 @@ cdef class SharedSegment:
         s.tile = _align(tile_bytes, PAGE)
         s.cycle_bytes = _align(cycle_bytes, PAGE)
         s.table_off = (n + 1) * LINE
-        s.table_stride = _align((2 * n + 1) * 8, LINE)
+        s.table_stride = _align((2 * n + 2) * 8, LINE)
         s.cycle_off = _align(s.table_off + n * s.table_stride, PAGE)
         s.chunk = _align(SHM_SINGLE_COPY_CHUNK_BYTES, PAGE)
         s.single_copy_bytes = SHM_SINGLE_COPY_BYTES
@@ -391,7 +392,8 @@ cdef class SharedSegment:
     # ------------------------------------------------------------------ single copy
     # Address table words: [0] the errno of this rank's last single-copy call (0: none), then
     # SEND[k] (1 + k): where this rank's bytes for rank k start, then RECV[j] (1 + n + j):
-    # where the bytes from rank j land in this rank's memory.
+    # where the bytes from rank j land in this rank's memory, then (1 + 2n, rank 0's alone)
+    # whether this allreduce goes in rounds instead.
 
     cdef inline uint64_t* _table(self, int r) noexcept nogil:
         return <uint64_t*> (self.base + self.table_off + r * self.table_stride)
@@ -456,11 +458,13 @@ cdef class SharedSegment:
         return err
 
     cdef int _single_copy_allreduce(self, char* src, char* dst, int64_t nbytes, reduce_fn_t reduce,
-                                    int64_t itemsize) except -1 nogil:
+                                    int64_t itemsize, bint rounds) except -1 nogil:
         """Whoever claims a chunk reduces it over every rank, in rank order, and writes the
         result into every rank's `dst`: one reducer per chunk, so the same bits everywhere.
         In place, a chunk of a rank's input is overwritten only by its own reducer, after it
-        read it."""
+        read it. Rank 0's `rounds`, published with its addresses, sends every rank to the
+        rounds instead after the first barrier (nothing has been copied then): returns
+        IN_ROUNDS."""
         cdef int n = self.size, me = self.rank, r, err = 0
         cdef const pid_t* pids = self.transport.pids
         cdef int64_t per = self.chunk // itemsize * itemsize, at, k
@@ -468,7 +472,11 @@ cdef class SharedSegment:
         cdef char* acc
         self._table(me)[1] = <uint64_t> src
         self._table(me)[1 + n] = <uint64_t> dst
+        if me == 0:
+            self._table(0)[1 + 2 * n] = rounds
         self._data_arrive()
+        if self._table(0)[1 + 2 * n]:
+            return IN_ROUNDS
         first = self._chunks((nbytes + per - 1) // per)
         end = self.claimed
         while not err:
@@ -541,8 +549,8 @@ cdef class SharedSegment:
     # stall every round); only a slow wait's stall hook takes it.
 
     def allreduce(self, uintptr_t src, uintptr_t dst, int64_t nbytes, uintptr_t reduce_fn,
-                  int64_t itemsize, bint one_step, uintptr_t finish_fn=0, int64_t divisor=1,
-                  double factor=1.0):
+                  int64_t itemsize, bint one_step, bint prefer_rounds=False, uintptr_t finish_fn=0,
+                  int64_t divisor=1, double factor=1.0):
         """Allreduce `nbytes` at `src` into `dst` (may be `src`) with `reduce_fn`
         (dst = dst op src, a reduction cfunc over `itemsize`-byte elements), then, given
         `finish_fn` (kernels.finish_cfunc of the dtype), finish every element with it
@@ -557,31 +565,41 @@ cdef class SharedSegment:
         reduces its own part (its input and every peer's copy of that part, piece by piece
         while it is in L1) into its buffer and `dst`, and after a second barrier copies the
         others' reduced parts into `dst`. Each element is reduced by one rank (or by all
-        alike), so `dst` holds the same bits on every rank."""
+        alike), so `dst` holds the same bits on every rank.
+
+        Where single copy could run, rank 0's `prefer_rounds` (the others' is ignored, so
+        that every rank takes the same path) sends the call in rounds instead: a copy between
+        processes pins every page it touches, and on memory without huge pages the rounds
+        were the faster. Returns which path ran: "one step", "rounds", "rounds by choice" or
+        "single copy"."""
         self._check()
         if nbytes % itemsize or nbytes < 0 or itemsize <= 0:
             raise ValueError(f"nbytes ({nbytes}) must be a multiple of itemsize ({itemsize})")
         if one_step and nbytes > self.tile:
             raise ValueError(f"a one-step allreduce must fit in {self.tile} bytes, got {nbytes}")
         if nbytes == 0:
-            return
+            return "one step"
         cdef int err = 0
         self.finish = <finish_fn_t> finish_fn
         self.finish_divisor, self.finish_factor = divisor, factor
+        cdef bint single = not one_step and self._single_copy(nbytes, self.allreduce_single_copy_bytes)
         try:
             with nogil:
                 if one_step:
                     self._one_step(<char*> src, <char*> dst, nbytes, <reduce_fn_t> reduce_fn, itemsize)
-                elif self._single_copy(nbytes, self.allreduce_single_copy_bytes):
+                elif single:
                     err = self._single_copy_allreduce(<char*> src, <char*> dst, nbytes,
-                                                      <reduce_fn_t> reduce_fn, itemsize)
-                else:
+                                                      <reduce_fn_t> reduce_fn, itemsize, prefer_rounds)
+                if err == IN_ROUNDS or not (one_step or single):
                     self._rounds(<char*> src, <char*> dst, nbytes, <reduce_fn_t> reduce_fn, itemsize)
         except BaseException:
             self._failed()
             raise
+        if err == IN_ROUNDS:
+            return "rounds by choice"
         if err:
             self._raise_copy_error(err)
+        return "one step" if one_step else "single copy" if single else "rounds"
 
     def staging(self, int64_t nbytes):
         """This rank's buffer for the next data round, as `nbytes` bytes (a uint8 array over
@@ -619,6 +637,7 @@ cdef class SharedSegment:
         cdef char* mine
         cdef char* s
         cdef char* d
+        cdef char* acc
         while done < count:
             c = min(per_round, count - done)
             base, extra = c // n, c % n
@@ -634,16 +653,23 @@ cdef class SharedSegment:
             self._data_arrive()
             lo = me * base + min(me, extra)
             hi = lo + base + (1 if me < extra else 0)
+            # The accumulator: this rank's buffer, unless its input was staged there and rank 0's
+            # part must go first (it would overwrite the input before it is read): then `d`.
+            acc = mine if s != mine or me == 0 else d
             off = lo
             while off < hi:
+                # in rank order, as every other path: the same bits whichever path a call takes
                 k = min(sub, hi - off)
-                if s != mine:
-                    memcpy(mine + off * itemsize, s + off * itemsize, k * itemsize)
-                for r in range(n):
-                    if r != me:
-                        reduce(mine + off * itemsize, self._data(r, round_) + off * itemsize, k)
-                self._finish_piece(mine + off * itemsize, k)
-                memcpy(d + off * itemsize, mine + off * itemsize, k * itemsize)
+                if acc != s:  # else rank 0's own input, staged where it accumulates
+                    memcpy(acc + off * itemsize, (s if me == 0 else self._data(0, round_)) + off * itemsize,
+                           k * itemsize)
+                for r in range(1, n):
+                    reduce(acc + off * itemsize, (s if r == me else self._data(r, round_)) + off * itemsize, k)
+                self._finish_piece(acc + off * itemsize, k)
+                if acc == mine:
+                    memcpy(d + off * itemsize, mine + off * itemsize, k * itemsize)
+                else:
+                    memcpy(mine + off * itemsize, d + off * itemsize, k * itemsize)
                 off += k
             self._data_arrive()
             for r in range(n):

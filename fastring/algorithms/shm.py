@@ -2,8 +2,10 @@
 message, when every rank runs on this host and `init` could map the segment."""
 from __future__ import annotations
 
+import time
+
 from .. import kernels
-from .._core.config import SHM_ONE_STEP_BYTES
+from .._core.config import SHM_ALLREDUCE_RETRY_CALLS, SHM_ONE_STEP_BYTES
 from .._core.ops import KERNEL_OP
 from .._core.work import Finish
 from .._transport import array_address
@@ -16,7 +18,8 @@ class SharedMemory:
     they were reduced (one barrier up to SHM_ONE_STEP_BYTES, where every rank reduces the
     whole message in rank order instead; from SHM_ALLREDUCE_SINGLE_COPY_BYTES, where the ranks
     may copy between their memories, each chunk is read from every rank, reduced and written
-    into every rank by whichever rank claims it). Any dtype and op the kernels reduce; each
+    into every rank by whichever rank claims it, or in rounds where they measured faster for
+    that buffer: `PathTimes`). Any dtype and op the kernels reduce; each
     element is reduced by one rank (or by all alike), so the results are bitwise identical
     everywhere."""
 
@@ -45,11 +48,72 @@ class SharedMemory:
         one_step = flat.nbytes <= min(SHM_ONE_STEP_BYTES, shm.tile_bytes)
         finish = r.finalize
         with r.phase("shm-allreduce"):
-            if isinstance(finish, Finish):
-                # finished piece by piece by the rank that reduced it, while in cache
-                shm.allreduce(array_address(src), array_address(flat), flat.nbytes, reduce_fn, itemsize,
-                              one_step, kernels.finish_cfunc(spec.dtype), finish.divisor, finish.factor)
+            # A Finish runs piece by piece where each piece is reduced, while in cache.
+            fused = isinstance(finish, Finish)
+            finishing = (kernels.finish_cfunc(spec.dtype), finish.divisor, finish.factor) if fused else ()
+            if flat.nbytes < shm.allreduce_single_copy_bytes:  # no choice to make: no timing
+                shm.allreduce(array_address(src), array_address(flat), flat.nbytes, reduce_fn, itemsize, one_step,
+                              False, *finishing)
             else:
-                shm.allreduce(array_address(src), array_address(flat), flat.nbytes, reduce_fn, itemsize,
-                              one_step)
+                key = (array_address(flat), flat.nbytes)
+                start = time.perf_counter()
+                ran = shm.allreduce(array_address(src), key[0], flat.nbytes, reduce_fn, itemsize, one_step,
+                                    _PATHS.prefer_rounds(key), *finishing)
+                if ran in ("single copy", "rounds by choice"):
+                    _PATHS.record(key, ran == "single copy", time.perf_counter() - start)
+            if not fused:
                 finish(flat)
+
+
+class PathTimes:
+    """Which path a single-copy-sized allreduce of one buffer takes: single copy or the rounds,
+    by the fastest of each one's last `kept` times for that buffer (its address and size). A
+    copy between processes pins every page it touches, so it ran 1.7x slower on memory without
+    huge pages than with them, where the rounds (plain copies through the segment) do not
+    care; which one a buffer has is up to the kernel (BENCHMARKS.md, "Issue 18 (round 2,
+    session 4)"). The first call of a buffer goes by single copy, the second in rounds, then
+    the faster, the other again every `retry` calls; the rounds take over only once single
+    copy has been timed twice, so that one preempted first call does not send a buffer to
+    the slower path for `retry` calls. Only rank 0's preference counts (the segment publishes
+    it), so the ranks always agree.
+
+    Example:
+        >>> p = PathTimes(retry=4); key = (0x1000, 16 << 20)
+        >>> p.prefer_rounds(key)
+        False
+        >>> p.record(key, True, 2e-3); p.prefer_rounds(key)
+        True
+        >>> p.record(key, False, 1e-3); p.prefer_rounds(key)   # once more by single copy
+        False
+        >>> p.record(key, True, 2e-3); [p.prefer_rounds(key) for _ in range(4)]
+        [True, True, False, True]
+    """
+
+    most = 256  # buffers remembered; past that the table starts over
+    kept = 3    # times kept per path: the fastest of them counts, so one slow call does not flip
+
+    def __init__(self, retry: int = SHM_ALLREDUCE_RETRY_CALLS):
+        self.retry = retry
+        self.times: dict[tuple[int, int], list] = {}  # key -> [single copy times, rounds times, calls]
+
+    def prefer_rounds(self, key: tuple[int, int]) -> bool:
+        t = self.times.get(key)
+        if t is None or not t[0]:
+            return False
+        if not t[1]:
+            return True
+        t[2] += 1
+        return (len(t[0]) > 1 and min(t[1]) < min(t[0])) != (t[2] % self.retry == 0)
+
+    def record(self, key: tuple[int, int], single_copy: bool, seconds: float) -> None:
+        t = self.times.get(key)
+        if t is None:
+            if len(self.times) >= self.most:
+                self.times.clear()
+            t = self.times[key] = [[], [], 0]
+        times = t[0 if single_copy else 1]
+        times.append(seconds)
+        del times[:-self.kept]
+
+
+_PATHS = PathTimes()

@@ -9,15 +9,20 @@ check: the segment is mapped and already unlinked; every dtype x op through it, 
     and allgather and alltoall writing their outputs with them, by single copy and in rounds; a single copy that fails (a rank publishes an
     address that is not mapped) raises on every rank and turns single copy off, after which
     the same large calls go in rounds through the segment's buffers; then FASTRING_SHM=0 falls
-    back (and says why at debug level) and a second init maps a fresh segment.
+    back (and says why at debug level) and a second init maps a fresh segment. The single-copy
+    allreduce bit for bit in rank order on data that rounds, and one whose copies the kernel
+    refuses (a seccomp filter): an error on every rank.
 kill: rank V (the last) SIGKILLs itself while the ranks loop over 16 MiB allreduces.
 raise: rank V raises instead of calling the allreduce the others call.
 quick: one allreduce through the segment, checked.
 Every rank prints `rank R pid P` first, so the test can look for the launch's segment name
 (/dev/shm/fastring-<rank 0's pid>-...)."""
+import ctypes
+import errno
 import io
 import logging
 import os
+import platform
 import signal
 import sys
 import threading
@@ -45,6 +50,25 @@ V = N - 1
 pid0 = c.COMM.bcast(os.getpid(), root=0)
 print(f"rank {R} pid {os.getpid()}", flush=True)
 OPS = [fastring.Sum, fastring.Average, fastring.Min, fastring.Max, fastring.Product]
+
+
+def refuse_cross_memory_copies() -> None:
+    """From now on this thread's process_vm_readv/writev fail with EPERM (a seccomp filter, as a
+    container's policy might install; it cannot be removed)."""
+    numbers = {"x86_64": (0xC000003E, 310, 311), "aarch64": (0xC00000B7, 270, 271)}[platform.machine()]
+    arch, readv, writev = numbers
+    allow, refuse = 0x7FFF0000, 0x00050000 | errno.EPERM
+    # (code, jump if true, jump if false, k): load the arch, then the syscall number
+    program = [(0x20, 0, 0, 4), (0x15, 0, 3, arch), (0x20, 0, 0, 0), (0x15, 2, 0, readv),
+               (0x15, 1, 0, writev), (0x06, 0, 0, allow), (0x06, 0, 0, refuse)]
+    filters = (ctypes.c_uint64 * len(program))(*(code | jt << 16 | jf << 24 | k << 32 for code, jt, jf, k in program))
+
+    class Program(ctypes.Structure):
+        _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+    libc = ctypes.CDLL(None, use_errno=True)
+    prog = Program(len(program), ctypes.addressof(filters))
+    if libc.prctl(38, 1, 0, 0, 0) or libc.prctl(22, 2, ctypes.byref(prog), 0, 0):  # NO_NEW_PRIVS, SECCOMP
+        raise OSError(ctypes.get_errno(), "seccomp filter")
 
 
 def leftovers() -> list[str]:
@@ -372,6 +396,57 @@ starts = [np.cumsum([0] + [100_000 + 100 * j + 10 * r for j in range(N)]) for r 
 c.check_close("alltoall single copy", got, np.concatenate([every[r][starts[r][R]:starts[r][R + 1]] for r in range(N)]), 0)
 c.check_close("alltoall single copy splits", received, np.array([100_000 + 100 * R + 10 * r for r in range(N)]), 0)
 
+# The single-copy allreduce itself (shm.pyx, _single_copy_allreduce): whoever claims a chunk
+# reduces it in rank order and writes it into every rank. On data that rounds (full float32 and
+# float64 mantissas), the result must be the rank-order reduction in the inputs' dtype bit for
+# bit on every rank, whichever rank reduced which chunk: several chunks and an uneven last one,
+# in place and out= (the input left alone), and in rounds where rank 0 prefers them. At np=3
+# another order would give other bits.
+def rank_order(inputs, op):
+    acc = inputs[0].copy()
+    for x in inputs[1:]:
+        acc = op(acc, x)  # in the inputs' dtype: one rounding per step, as the reducers do
+    return acc
+
+
+def single_copy_allreduce(dtype, count, tag, prefer_rounds=False, path="single copy"):
+    fn = kernels.reduce_cfunc(KERNEL_OP[fastring.Sum], dtype)
+    inputs = [np.random.default_rng([500 + count, r]).standard_normal(count).astype(dtype) for r in range(N)]
+    expected = rank_order(inputs, np.add)
+    exact = np.add.reduce([i.astype(np.longdouble) for i in inputs])
+    c.CHECKS.check(np.any(expected != exact), f"{tag}: the data does not round")
+    if N > 2:
+        c.CHECKS.check(np.any(expected != inputs[0] + (inputs[1] + inputs[2])), f"{tag}: order does not matter")
+    x = inputs[R].copy()
+    out = np.full_like(x, np.nan)
+    ran = shm.allreduce(array_address(x), array_address(out), x.nbytes, fn, dtype.itemsize, False, prefer_rounds)
+    c.CHECKS.check(ran == path, f"{tag}: ran {ran!r}, not {path!r}")
+    c.check_close(f"{tag} out=", out, expected, 0)
+    c.check_close(f"{tag} input", x, inputs[R], 0)
+    ran = shm.allreduce(array_address(x), array_address(x), x.nbytes, fn, dtype.itemsize, False, prefer_rounds)
+    c.CHECKS.check(ran == path, f"{tag} in place: ran {ran!r}, not {path!r}")
+    c.check_close(f"{tag} in place", x, expected, 0)
+    c.check_identical(tag, x)
+
+
+F32_COUNT = 3 * SHM_SINGLE_COPY_CHUNK_BYTES // 4 + 12_345
+single_copy_allreduce(np.dtype(np.float32), F32_COUNT, "single-copy allreduce float32")
+single_copy_allreduce(np.dtype(np.float64), 2 * SHM_SINGLE_COPY_CHUNK_BYTES // 8 + 777, "single-copy allreduce float64")
+# Rank 0's preference for the rounds sends every rank there; another rank's alone does not.
+single_copy_allreduce(np.dtype(np.float32), F32_COUNT, "rounds by rank 0's choice", R == 0, "rounds by choice")
+single_copy_allreduce(np.dtype(np.float32), F32_COUNT, "rounds by another rank's choice", R != 0)
+# Through the API, one buffer over and over: single copy, then the rounds, then the faster
+# (PathTimes), every result exact.
+paths_of = fastring.algorithms.shm._PATHS
+big = [c.rank_input(np.dtype(np.int32), F32_COUNT, r, 700) for r in range(N)]
+mine = np.empty_like(big[R])
+for call in range(4):
+    np.copyto(mine, big[R])
+    fastring.allreduce(mine, op=fastring.Sum, name="one buffer", out=mine)
+    c.check_close(f"one buffer, call {call}", mine, np.add.reduce(np.stack(big), dtype=np.int32), 0)
+measured = paths_of.times.get((array_address(mine), mine.nbytes))
+c.CHECKS.check(measured is not None and None not in measured[:2], f"both paths not measured: {measured}")
+
 # A single copy that fails: the last rank publishes an address nothing is mapped at (page 1),
 # and sends nothing to itself, so only the copies of its bytes fail, whichever rank makes them.
 matrix = np.full((N, N), shm.single_copy_bytes, np.int64)
@@ -491,4 +566,19 @@ fastring.init()
 c.CHECKS.check(runtime().shm is not None and not leftovers(), "a second init did not map a fresh segment")
 got = fastring.allreduce(xs[R].copy(), op=fastring.Sum, name="again")
 c.check_close("after re-init", got, exp, bound)
+
+# A single-copy allreduce whose copies the kernel refuses (a seccomp filter: EPERM, as a
+# container's policy might): every rank still meets both barriers, raises FastringError naming
+# the errno, and has single copy off after. Every rank refuses, so that each fails whichever
+# chunks it claims (one failing rank is the alltoallv case above). Last in this worker: the
+# filter stays for the process's lifetime.
+shm = runtime().shm
+shm.allreduce_single_copy_bytes = 1 << 20
+c.CHECKS.check(runtime().transport.single_copy, "single copy is off after init")
+refuse_cross_memory_copies()
+big = c.rank_input(np.dtype(np.float32), SHM_TILE_BYTES // 2 + 3, R, 600)
+c.expect_error("a refused single-copy allreduce", lambda: shm.allreduce(
+    array_address(big), array_address(big), big.nbytes, sum_f32, 4, False), fastring.FastringError,
+    os.strerror(errno.EPERM), "off")
+c.CHECKS.check(not runtime().transport.single_copy, "single copy is still on after a refused copy")
 c.done("shm check")
