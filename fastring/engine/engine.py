@@ -539,8 +539,8 @@ class Engine:
         req.handle._finish(result, error)
 
     def _complete_all(self, reqs: list[Request], results: list) -> None:
-        """`_complete` of each of `reqs` with its result, the queue locked once (a fused batch
-        of small tensors completes at a microsecond less each)."""
+        """`_complete` of each of `reqs` with its result, the queue locked once for the whole
+        batch rather than once per request."""
         pending = self._pending
         with self._queue_lock:
             for req in reqs:

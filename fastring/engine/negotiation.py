@@ -201,9 +201,8 @@ class Negotiation:
         """Run one cycle: this rank's header (flags, proposed hash `h`, payload size; its payload
         and, if `bits_written`, its cache bits already in the block). Returns the combined
         (flags, speculative hash, any left over, any ready), the same on every rank."""
-        if not bits_written and words and (self._bits_dirty or words != self._clean_words):
-            # the words may hold last cycle's bits, or payload bytes if the cache just grew
-            self.block[HEADER_WORDS:HEADER_WORDS + 2 * words] = 0
+        if not bits_written:
+            self._clear_stale_bits(words)
         header = self.header
         header[0] = flags
         header[1] = h
@@ -217,10 +216,20 @@ class Negotiation:
         if bits_written:
             self._bits_dirty = True
         else:
-            # A clean outcome leaves every bit word zero (nothing ready, nothing left over).
-            self._bits_dirty = bool(outcome[2] or outcome[3])
-            self._clean_words = words
+            self._note_bits(outcome, words)
         return outcome
+
+    def _clear_stale_bits(self, words: int) -> None:
+        """Zero the bit words before a cycle that sets none, unless the last such cycle left
+        them zero: they may hold last cycle's bits, or payload bytes if the cache just grew."""
+        if words and (self._bits_dirty or words != self._clean_words):
+            self.block[HEADER_WORDS:HEADER_WORDS + 2 * words] = 0
+
+    def _note_bits(self, outcome: tuple, words: int) -> None:
+        """After a cycle that set no bits: a clean outcome leaves every bit word zero (nothing
+        ready, nothing left over)."""
+        self._bits_dirty = bool(outcome[2] or outcome[3])
+        self._clean_words = words
 
     def lone_exchange(self, h: int, src: np.ndarray, dst: np.ndarray, reducer: tuple[int, int],
                       name: str) -> tuple[tuple, bool]:
@@ -229,8 +238,7 @@ class Negotiation:
         transport call: the result lands in `dst` (writeable, C-contiguous, as many bytes) only
         when the outcome is clean. Returns (the outcome, whether it was clean)."""
         words = self.words
-        if words and (self._bits_dirty or words != self._clean_words):
-            self.block[HEADER_WORDS:HEADER_WORDS + 2 * words] = 0
+        self._clear_stale_bits(words)
         reporter = self.stall_reporter
         reporter.names = (name,)
         # With an abandon to watch for, the result waits in the block until the check is done:
@@ -238,8 +246,7 @@ class Negotiation:
         outcome, clean = self._lone_cycle(self.block_address, words, SMALL_MESSAGE_BYTES, self._block_tmp_address,
                                           *reducer, reporter.interval, reporter, h, src,
                                           None if self._watch_abandon else dst)
-        self._bits_dirty = bool(outcome[2] or outcome[3])
-        self._clean_words = words
+        self._note_bits(outcome, words)
         if self._watch_abandon:
             self.check_abandoned()
             if clean:

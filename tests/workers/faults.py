@@ -78,8 +78,10 @@ try:
     if case == "stop_negotiation":
         # back to back first: the waits that then find V gone spin as in a run of calls
         # (SHM_ACTIVE_SPIN_SECONDS) and must still give up on time
-        for i in range(50):
-            fastring.allreduce(np.ones(4), name="warm")
+        for i in range(50):  # with a stall deadline: the result waits in the block for the abandon check
+            got = fastring.allreduce(np.full(4, R + 1.0), op=fastring.Sum, name="warm")
+            if not np.array_equal(got, np.full(4, N * (N + 1) / 2)):
+                c.fail(f"warm {i}: {got}")
         began = time.monotonic()
     if R == V and case == "stop_negotiation":
         print(f"rank {R}: stopping", flush=True)
