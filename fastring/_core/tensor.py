@@ -156,12 +156,13 @@ def like(template, array: np.ndarray):
 
 
 def _torch_quick(tensor) -> np.ndarray | None:
-    if tensor.is_cpu and not tensor.requires_grad:
-        try:
-            return tensor.numpy()
-        except (TypeError, RuntimeError):  # bfloat16, a conjugate view: _torch_as_array decides
-            return None
-    return None
+    # Tensor.numpy() itself refuses what this view must not take (a device tensor, one that
+    # requires grad, bfloat16, a conjugate view), faster than testing for each first;
+    # _torch_as_array decides those.
+    try:
+        return tensor.numpy()
+    except (TypeError, RuntimeError):
+        return None
 
 
 def _torch_like(template, array: np.ndarray):

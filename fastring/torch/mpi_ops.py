@@ -241,9 +241,11 @@ def allreduce_async_(tensor: torch.Tensor, average: bool | None = None, name: st
         >>> hvd.synchronize(hvd.allreduce_async_(t, name="t")) is t
         True
     """
-    op = horovod_op(op, average)
-    if op is Adasum:
-        return _adasum([tensor], name, prescale_factor, postscale_factor, process_set, None, [tensor]).then_first()
+    if type(op) is not ReduceOp or average is not None:  # a plain op needs no translating
+        op = horovod_op(op, average)
+        if op is Adasum:
+            return _adasum([tensor], name, prescale_factor, postscale_factor, process_set, None,
+                           [tensor]).then_first()
     return fastring.allreduce_async(tensor, op=op, name=full_name("allreduce", name),
                                     prescale_factor=prescale_factor, postscale_factor=postscale_factor,
                                     out=tensor, process_set=process_set)
