@@ -9,25 +9,21 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
 
 import numpy as np
 from mpi4py import MPI
 
 import fastring
+from bench_shm import timed
 from fastring.tools.bench import format_bytes, parse_bytes
 
 
-def timed(comm, x: np.ndarray, op, iters: int) -> list[float]:
+def per_call(comm, x: np.ndarray, op, iters: int) -> list[float]:
     """Seconds per call, the slowest rank's, after one untimed call."""
-    fastring.allreduce(x, op=op, out=x)
-    times = []
-    for _ in range(iters):
-        comm.Barrier()
-        start = time.perf_counter()
+    def call():
         fastring.allreduce(x, op=op, out=x)
-        times.append(time.perf_counter() - start)
-    return [max(t) for t in zip(*comm.allgather(times))]
+    call()
+    return [timed(call, 1, comm, barrier=True) for _ in range(iters)]
 
 
 def main() -> None:
@@ -46,7 +42,7 @@ def main() -> None:
         times: dict = {fastring.Sum: [], fastring.Average: []}
         for _ in range(args.rounds):
             for op in times:
-                times[op] += timed(comm, x, op, args.iters)
+                times[op] += per_call(comm, x, op, args.iters)
         if comm.rank == 0:
             s, a = (statistics.median(times[op]) * 1e3 for op in times)
             print(f"{format_bytes(size):>8} {s:>9.3f} / {min(times[fastring.Sum]) * 1e3:.3f} "

@@ -59,6 +59,7 @@ import torch.nn.functional as F
 from mpi4py import MPI
 
 import fastring.torch as hvd
+from bench_shm import timed
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "train_mnist_like.py"
 
@@ -154,13 +155,7 @@ def floors(model, steps: int, comm) -> dict[str, float]:
     for what, fn in (("fastring allreduce alone", fastring_alone), ("gloo allreduce alone", gloo_alone),
                      ("copy once (floor)", copy_once)):
         fn()
-        times = []
-        for _ in range(steps):
-            comm.Barrier()
-            start = time.perf_counter()
-            fn()
-            times.append(time.perf_counter() - start)
-        result[what] = 1e3 * statistics.median(max(t) for t in zip(*comm.allgather(times)))
+        result[what] = 1e3 * statistics.median(timed(fn, 1, comm, barrier=True) for _ in range(steps))
     return result
 
 

@@ -21,13 +21,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
 
 import numpy as np
 from mpi4py import MPI
 
 import fastring
-from bench_shm import compare, grouped_row, report
+from bench_shm import compare, grouped_row, report, timed
 from fastring.tools.bench import format_bytes
 
 TENSORS = 100     # tensors per async batch
@@ -49,13 +48,7 @@ def per_tensor(fn, trials: int, comm) -> float:
     """Microseconds per tensor of `fn` (which handles TENSORS tensors), the median of `trials`,
     the slowest rank's."""
     fn()
-    times = []
-    for _ in range(trials):
-        comm.Barrier()
-        t = time.perf_counter()
-        fn()
-        times.append(comm.allreduce(time.perf_counter() - t, op=MPI.MAX))
-    return float(np.median(times)) * 1e6 / TENSORS
+    return float(np.median([timed(fn, 1, comm, barrier=True) for _ in range(trials)])) * 1e6 / TENSORS
 
 
 def torch_rows(comm) -> list[dict]:
