@@ -34,3 +34,12 @@ def test_unknown_algorithm_names_the_variable_and_the_choices():
     c = _config.from_environment({"FASTRING_ALGORITHM": "Tree"})
     with pytest.raises(ValueError, match=r"FASTRING_ALGORITHM='tree' is not one of auto, shm, mpi, recursive_doubling, ring"):
         check_setting(c.algorithm)
+
+
+def test_settings_that_differ_between_ranks_fail_init_on_every_rank(mpirun):
+    """FASTRING_ALGORITHM, FASTRING_SHM and FASTRING_FUSION_THRESHOLD that differ (or are
+    invalid on one rank) used to pair messages of different algorithms and hang, or leave
+    ranks waiting in init; now init fails on every rank at once, naming the variable and the
+    ranks, and an init with agreeing settings works afterwards."""
+    proc = mpirun(3, "config_agreement")
+    assert "OK config agreement on 3 ranks" in proc.stdout, proc.stdout

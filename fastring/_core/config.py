@@ -157,6 +157,14 @@ class Config:
     shm: bool = True
 
 
+# The settings every rank must share, by Config field: they decide which messages the ranks
+# exchange (the algorithm, whether the segment is attached, how requests are cut into
+# batches), so two values would pair messages of different algorithms or lengths and hang.
+# `init` compares them across ranks before anything else.
+AGREED_SETTINGS = {"algorithm": "FASTRING_ALGORITHM", "shm": "FASTRING_SHM",
+                   "fusion_threshold": "FASTRING_FUSION_THRESHOLD"}
+
+
 def _number(env: dict, key: str, default, cast):
     raw = env.get(key)
     if raw is None or raw == "":

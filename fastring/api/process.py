@@ -7,6 +7,7 @@ import logging
 from mpi4py import MPI
 
 from .._core import config as _config
+from .._core.errors import FastringError
 from .._core.runtime import Runtime, current, install, log, runtime
 from .._transport import SharedSegment, Transport
 from ..algorithms import check_setting
@@ -38,8 +39,7 @@ def init(comm: MPI.Comm | None = None, process_sets=None) -> None:
         comm = MPI.COMM_WORLD
     if not isinstance(comm, MPI.Comm):
         raise TypeError(f"comm must be an mpi4py communicator, got {type(comm).__name__}")
-    config = _config.from_environment()
-    check_setting(config.algorithm)
+    config = _agreed_config(comm)
     logging.basicConfig()
     log.setLevel(config.log_level.upper())
     rt = Runtime(Transport(comm), config, SharedSegment.attach, make_transport=Transport)
@@ -51,6 +51,40 @@ def init(comm: MPI.Comm | None = None, process_sets=None) -> None:
         atexit.register(shutdown)
         _atexit_registered = True
     register_initial(process_sets)
+
+
+def _agreed_config(comm: MPI.Comm) -> _config.Config:
+    """This rank's Config from the environment, once every rank of `comm` has read its own
+    and they agree on `config.AGREED_SETTINGS`. A bad value raises ValueError on its rank and
+    FastringError naming that rank on the others; settings that differ raise FastringError
+    on every rank, naming the variable and each rank's value. Nothing is left waiting."""
+    try:
+        config = _config.from_environment()
+        check_setting(config.algorithm)
+        problem, shared = None, tuple(getattr(config, f) for f in _config.AGREED_SETTINGS)
+    except ValueError as e:
+        problem, shared = e, None
+    everyone = comm.allgather((None if problem is None else str(problem), shared))
+    if problem is not None:
+        raise problem
+    for r, (why, _) in enumerate(everyone):
+        if why is not None:
+            raise FastringError(f"fastring could not start: rank {r}: {why}")
+    for i, variable in enumerate(_config.AGREED_SETTINGS.values()):
+        ranks_by_value: dict = {}
+        for r, (_, values) in enumerate(everyone):
+            ranks_by_value.setdefault(values[i], []).append(r)
+        if len(ranks_by_value) > 1:
+            each = "; ".join(f"{_shown(value)} on rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))}"
+                             for value, ranks in ranks_by_value.items())
+            raise FastringError(f"{variable} differs between ranks: {each}; every rank must use "
+                                f"the same value")
+    return config
+
+
+def _shown(value) -> str:
+    """A setting's value as its variable spells it (FASTRING_SHM is 1 or 0)."""
+    return str(int(value)) if isinstance(value, bool) else repr(value)
 
 
 def shutdown() -> None:
