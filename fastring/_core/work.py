@@ -50,10 +50,9 @@ class AllreduceWork:
 
     @property
     def splits_average(self) -> bool:
-        """An integer Average on the host: reduced exactly as quotients and remainders
-        (see `split_for_average`), never as a sum that could wrap."""
-        return (self.op == ReduceOp.Average and not self.spec.is_float and self.spec.name != "bool"
-                and self.device == "cpu")
+        """An integer Average: reduced exactly as quotients and remainders (see
+        `split_for_average`), never as a sum that could wrap."""
+        return self.op == ReduceOp.Average and not self.spec.is_float and self.spec.name != "bool"
 
     @property
     def accumulator(self) -> np.dtype:

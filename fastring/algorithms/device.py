@@ -26,7 +26,7 @@ from .._core.device import (U16, U8, DeviceState, cuda_aware_mpi, current_device
                             new_event, numba_cuda, state_of)
 from .._core.dtypes import BFLOAT16, DtypeSpec
 from .._core.ops import KERNEL_OP, ReduceOp
-from .._core.work import AllreduceWork, Entry, predivides
+from .._core.work import AllreduceWork, Entry, predivides, prescale as prescale_host, split_for_average, unpack
 from .._transport import Tag, array_address
 from .base import Message, Phase, chunk_offsets
 
@@ -38,7 +38,8 @@ _RS_TAG, _AG_TAG = Tag.DEVICE_REDUCE_SCATTER, Tag.DEVICE_ALLGATHER
 class _Layout:
     """How a batch sits in the device buffer the ring reduces."""
     work: AllreduceWork
-    acc: np.dtype            # accumulator dtype (float32/float64 under compression)
+    acc: np.dtype            # accumulator dtype (float32/float64 under compression, int64
+                             # for an integer Average)
     storage: np.dtype        # dtype of the buffer the kernels index (bfloat16 as uint16)
     kdtype: Any              # the kernels' dtype= override (bfloat16) or None
     wire: str | None         # 16-bit wire format of the ring, or None
@@ -50,8 +51,9 @@ def _layout(works: list[AllreduceWork]) -> _Layout:
     wire = work.compression.wire
     bf16 = wire is None and work.spec.dtype == BFLOAT16
     acc = work.accumulator
+    per_element = 2 if work.splits_average else 1  # quotient and remainder
     return _Layout(work, acc, U16 if bf16 else acc, BFLOAT16 if bf16 else None, wire,
-                   [sum(e.src.size for e in w.entries) for w in works])
+                   [per_element * sum(e.src.size for e in w.entries) for w in works])
 
 
 def _own_format(spec: DtypeSpec) -> str | None:
@@ -86,7 +88,8 @@ class _Batch:
     def buffer(self) -> tuple[Any, bool]:
         """(the 1-D buffer to reduce in, whether it is the lone output itself)."""
         lay = self.lay
-        if len(self.works) == 1 and len(self.entries[0]) == 1 and lay.acc == self.lay.work.spec.dtype:
+        if (len(self.works) == 1 and len(self.entries[0]) == 1 and lay.acc == self.lay.work.spec.dtype
+                and not lay.work.splits_average):
             e = self.entries[0][0]
             if e.src is not e.work and e.src.size:
                 e.work.copy_to_device(e.src, stream=self.up)
@@ -100,6 +103,9 @@ class _Batch:
         compression 16-bit tensors are widened to float32 on the way in, narrowed on the way
         out. Plain copies go up to 8 buffers per kernel launch."""
         lay, kc = self.lay, self.kc
+        if lay.work.splits_average:
+            self.move_split(flat, pack)
+            return
         fmt = _own_format(lay.work.spec) if lay.wire is not None else None
         parts, offsets = [], []
         offset = 0
@@ -119,9 +125,42 @@ class _Batch:
         if parts:
             (kc.pack if pack else kc.unpack)(flat.view(U8), parts, offsets, stream=self.up)
 
+    def move_split(self, flat: Any, pack: bool) -> None:
+        """`move` for an integer Average, through host memory: each tensor is prescaled and
+        split into int64 quotients and remainders on the way in, and the summed parts joined
+        into the exact mean (truncated toward zero) and postscaled on the way out, by the
+        host's own functions (fastring._core.work), so that no sum can wrap and the result
+        is the host path's. Integer averages are rare enough that the round trip is cheap
+        next to being right."""
+        if not flat.size:
+            return
+        size, offset = self.rt.size, 0
+        host = np.empty(flat.size, np.int64)
+        if not pack:
+            flat.copy_to_host(host, stream=self.up)
+            self.up.synchronize()
+        for w, entries in zip(self.works, self.entries):
+            n = sum(e.src.size for e in entries)
+            parts = host[offset:offset + 2 * n]
+            offset += 2 * n
+            if pack:
+                values = np.concatenate([e.src.copy_to_host().reshape(-1) for e in entries]).astype(np.int64)
+                prescale_host(w, values, size)
+                split_for_average(values, size, parts)
+                continue
+            mean, at = unpack(w, parts, size), 0
+            for e in entries:
+                e.work.copy_to_device(np.ascontiguousarray(mean[at:at + e.work.size], e.work.dtype))
+                at += e.work.size
+        if pack:
+            flat.copy_to_device(host, stream=self.up)
+            self.up.synchronize()
+
     # ------------------------------------------------------------ scaling
     def prescale(self, flat: Any) -> None:
         work, kc = self.lay.work, self.kc
+        if work.splits_average:
+            return  # prescaled on the host (move_split)
         if work.prescale != 1.0:
             kc.scale_into(flat, work.prescale, dtype=self.lay.kdtype, stream=self.up)
         if predivides(work, self.rt.size):
@@ -130,8 +169,8 @@ class _Batch:
     def finalize(self, view: Any) -> None:
         """Average's division and the postscale, on fully reduced data (fastring._core.work.finalizer)."""
         work, size, kc = self.lay.work, self.rt.size, self.kc
-        if not view.size:
-            return
+        if not view.size or work.splits_average:
+            return  # an integer Average finishes on the host (move_split)
         if work.op == ReduceOp.Average and size > 1 and not predivides(work, size):
             kc.divide_into(view, size, dtype=self.lay.kdtype, stream=self.up)
         if work.postscale != 1.0:
@@ -202,7 +241,7 @@ class _Ring:
         self.count = flat.size
         self.offsets = chunk_offsets(self.count, self.size, 1)  # elements
         lay = b.lay
-        self.op = KERNEL_OP[lay.work.op]
+        self.op = KERNEL_OP[lay.work.reduce_op]
         if lay.wire is None:
             self.send = flat
         else:

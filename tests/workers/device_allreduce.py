@@ -116,6 +116,23 @@ if not np.all(got == np.float16(60000.0)):
     c.fail(f"Average of 60000 in fp16 gave {got[:3]}")
 xi = [c.rank_input(I32, 30, r, 6) for r in range(N)]
 check("int Average", fastring.allreduce(to_dev(xi[R]), op=fastring.Average), xi, fastring.Average)
+# integer Average at the limits of each dtype: the exact mean, never a wrapped sum, and the
+# host path's bits; then a grouped one (one fused batch) with a postscale
+for dt in (np.uint8, np.int8, np.int32, np.int64):
+    info = np.iinfo(dt)
+    for value in (info.max, info.min):
+        check(f"int Average of {np.dtype(dt).name} {value}",
+              fastring.allreduce(to_dev(np.full(9, value, dt)), op=fastring.Average),
+              [np.full(9, value, dt)] * N, fastring.Average)
+    rng = np.random.default_rng([8, np.dtype(dt).itemsize])
+    mixed = [rng.integers(info.min, info.max, 40, dtype=dt, endpoint=True) for _ in range(N)]
+    check(f"int Average of mixed {np.dtype(dt).name}", fastring.allreduce(to_dev(mixed[R]), op=fastring.Average),
+          mixed, fastring.Average, host=fastring.allreduce(mixed[R].copy(), op=fastring.Average))
+big8 = [np.full(5, 120, np.int8), np.arange(7, dtype=np.int8) * 18]
+got = fastring.grouped_allreduce([to_dev(b) for b in big8], op=fastring.Average, postscale_factor=0.5)
+for k, (g, b) in enumerate(zip(got, big8)):
+    c.check_close(f"grouped int Average {k}", from_dev(g, "grouped int Average"),
+                  (b.astype(np.int64) // 2).astype(np.int8), 0)
 got = from_dev(fastring.allreduce(to_dev(xi[R]), op=fastring.Sum, postscale_factor=2.0), "int post")
 c.check_close("int post", got, c.reference(xi, fastring.Sum, N)[0] * 2, 0)
 
