@@ -57,8 +57,8 @@ ADASUM_OPTIMIZER_UNSUPPORTED = (
 ProcessSet, global_process_set = fastring.ProcessSet, fastring.global_process_set
 add_process_set, remove_process_set = fastring.add_process_set, fastring.remove_process_set
 
-# fastring.tensorflow and fastring.keras do not take Adasum or process sets yet (fastring.torch
-# and the core API do); they refuse both with these errors rather than reduce over all ranks.
+# fastring.tensorflow and fastring.keras do not take Adasum (fastring.torch and the core API
+# do); they refuse it with this error rather than reduce by another op.
 ADASUM_UNSUPPORTED = ("op=Adasum is not implemented by this adapter (fastring.torch and "
                       "fastring.adasum_allreduce have it); use op=hvd.Average (the default, "
                       "Horovod's usual gradient averaging) or op=hvd.Sum")
@@ -79,18 +79,26 @@ def dense_op(op, average=None) -> ReduceOp:
     return op
 
 
-def check_process_set(process_set) -> None:
-    """NotImplementedError unless `process_set` is the global one (or None): for the adapters
-    that run every collective on all ranks (fastring.tensorflow, fastring.keras).
+def member_set(process_set) -> ProcessSet:
+    """`process_set` (None: the global set) checked where an adapter is called, before it
+    builds a graph op whose error would surface later: TypeError unless it is a ProcessSet,
+    ValueError unless it is registered and this rank belongs to it.
 
     Example:
         >>> from fastring import _horovod as hvd
-        >>> hvd.check_process_set(hvd.global_process_set)   # accepted; another set raises
+        >>> hvd.init(); hvd.member_set(None) is hvd.global_process_set
+        True
     """
-    if process_set is not global_process_set and process_set is not None:
-        raise NotImplementedError("fastring.tensorflow and fastring.keras run collectives on all ranks "
-                                  "only: process_set must be global_process_set (process sets are in "
-                                  "fastring.torch and the core API)")
+    if process_set is None:
+        return global_process_set
+    if not isinstance(process_set, ProcessSet):
+        raise TypeError(f"process_set must be a fastring.ProcessSet, got {type(process_set).__name__}")
+    included = process_set.included()
+    if included is None:
+        raise ValueError("process_set is not registered: add it with add_process_set (on every rank) first")
+    if not included:
+        raise ValueError(f"rank {rank()} is not a member of the process set (ranks {process_set.ranks})")
+    return process_set
 
 
 def init(comm=None, process_sets=None) -> None:
@@ -242,10 +250,10 @@ def wait_all(handles) -> list:
 
 
 def reduce_by_dtype(tensors, op, name, compression, prescale_factor: float,
-                    postscale_factor: float) -> list:
+                    postscale_factor: float, process_set=global_process_set) -> list:
     """Allreduce tensors of any dtypes (any framework the core reads): one fused grouped
     allreduce per dtype, all in flight together, results in input order. The core raises (on
-    every rank) if the ranks disagree.
+    every rank of `process_set`) if the ranks disagree.
 
     Example:
         >>> import numpy as np
@@ -262,7 +270,8 @@ def reduce_by_dtype(tensors, op, name, compression, prescale_factor: float,
     def group_call(dtype, indices, call):
         return call([tensors[i] for i in indices], op, compression=compression,
                     name=None if name is None else f"{name}.{str(dtype).rpartition('.')[2]}",
-                    prescale_factor=prescale_factor, postscale_factor=postscale_factor)
+                    prescale_factor=prescale_factor, postscale_factor=postscale_factor,
+                    process_set=process_set)
     # All but the last group in flight; the last one synchronously, which runs the engine's
     # cycles on this thread (a wait on a handle alone is woken by the engine's background
     # thread, a cost of its own on a busy machine).
@@ -279,21 +288,20 @@ def reduce_by_dtype(tensors, op, name, compression, prescale_factor: float,
     return results
 
 
-def gradient_scaling(op, gradient_predivide_factor: float, process_set) -> tuple:
+def gradient_scaling(op, gradient_predivide_factor: float) -> tuple:
     """(op, prescale_factor, postscale_factor) of a gradient reduction with Horovod's
     arguments: with op=Average the averaging is split around the sum (1/factor before it,
-    factor/size after it). NotImplementedError for Adasum or another process set, ValueError for
-    a predivide factor with another op.
+    factor/size after it). NotImplementedError for Adasum, ValueError for a predivide factor
+    with another op.
 
     Example:
         >>> from fastring import _horovod as hvd
-        >>> hvd.gradient_scaling(hvd.Average, 4.0, hvd.global_process_set)
+        >>> hvd.gradient_scaling(hvd.Average, 4.0)
         (<ReduceOp.Average: 0>, 0.25, 4.0)
     """
     if op is Adasum:
         raise NotImplementedError(ADASUM_UNSUPPORTED)
     op = ReduceOp(op)
-    check_process_set(process_set)
     if gradient_predivide_factor != 1.0 and op != Average:
         raise ValueError("gradient_predivide_factor not supported with op != Average")
     if op == Average:

@@ -24,7 +24,8 @@ import numpy as np
 
 import fastring
 from fastring import Compression, FastringError, ReduceOp
-from fastring._horovod import (Adasum, Average, Max, Min, Product, ProcessSet, Sum, allgather_object,
+from fastring._horovod import (Adasum, Average, Max, Min, Product, ProcessSet, Sum, add_process_set,
+                               allgather_object, remove_process_set,
                                broadcast_object, cross_rank, cross_size, full_name, global_process_set,
                                dense_op, init, is_initialized, local_rank, local_size, mpi_built,
                                mpi_enabled, mpi_threads_supported, rank, shutdown, size)
@@ -37,6 +38,7 @@ __all__ = [
     "init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size", "cross_rank",
     "cross_size", "mpi_threads_supported", "mpi_enabled", "mpi_built", "Average", "Sum", "Min", "Max",
     "Product", "Adasum", "ReduceOp", "Compression", "FastringError", "ProcessSet", "global_process_set",
+    "add_process_set", "remove_process_set",
     "DistributedOptimizer", "callbacks", "allreduce", "allgather", "broadcast", "broadcast_variables",
     "broadcast_object", "allgather_object",
 ]

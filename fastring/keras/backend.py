@@ -37,14 +37,14 @@ def check_backend() -> None:
 
 
 def reduce_gradients(grads: list, op, compression, sparse_as_dense: bool, prescale: float,
-                     postscale: float) -> list:
-    """The gradients of one train step reduced over all ranks (None stays None)."""
+                     postscale: float, process_set) -> list:
+    """The gradients of one train step reduced over the ranks of `process_set` (None stays None)."""
     if BACKEND == "tensorflow":
         from fastring.tensorflow import allreduce_gradients
-        return allreduce_gradients(grads, op, compression, sparse_as_dense, prescale, postscale)
+        return allreduce_gradients(grads, op, compression, sparse_as_dense, prescale, postscale, process_set)
     present = [i for i, g in enumerate(grads) if g is not None]
     reduced = compressed_all([grads[i] for i in present], compression, lambda ts, c: reduce_by_dtype(
-        ts, op, "DistributedOptimizer", c, prescale, postscale))
+        ts, op, "DistributedOptimizer", c, prescale, postscale, process_set))
     out = list(grads)
     for i, r in zip(present, reduced):
         out[i] = r

@@ -11,7 +11,7 @@ import keras
 
 import fastring
 from fastring import Compression, ReduceOp
-from fastring._horovod import global_process_set, gradient_scaling
+from fastring._horovod import global_process_set, gradient_scaling, member_set
 
 from .backend import check_backend, reduce_gradients
 
@@ -45,7 +45,7 @@ def DistributedOptimizer(optimizer: keras.optimizers.Optimizer, name: str | None
                          num_groups: int = 0, groups=None, process_set=global_process_set,
                          scale_local_gradients: bool = True) -> keras.optimizers.Optimizer:
     """A copy of `optimizer` (same class name and configuration, from `get_config()`) whose
-    updates use gradients averaged (by `op`) over all ranks.
+    updates use gradients averaged (by `op`) over the ranks of `process_set` (all of them by default).
 
     Wrap the optimizer before `model.compile` (its state is not copied: the copy starts
     unbuilt, as Horovod's does). All gradients of a step are reduced together, one fused
@@ -71,7 +71,8 @@ def DistributedOptimizer(optimizer: keras.optimizers.Optimizer, name: str | None
         raise TypeError(f"optimizer must be a keras.optimizers.Optimizer, got {type(optimizer).__name__}")
     if isinstance(optimizer, _DistributedOptimizer):
         raise ValueError("optimizer is already a DistributedOptimizer")
-    op, prescale, postscale = gradient_scaling(op, gradient_predivide_factor, process_set)
+    op, prescale, postscale = gradient_scaling(op, gradient_predivide_factor)
+    process_set = member_set(process_set)
     if backward_passes_per_step != 1:
         raise NotImplementedError(
             "backward_passes_per_step is not supported by fastring.keras: give the Keras optimizer "
@@ -82,5 +83,5 @@ def DistributedOptimizer(optimizer: keras.optimizers.Optimizer, name: str | None
     distributed = _distributed_class(type(optimizer)).from_config(config)
     distributed._fastring_reduce = functools.partial(
         reduce_gradients, op=op, compression=compression, sparse_as_dense=bool(sparse_as_dense),
-        prescale=prescale, postscale=postscale)
+        prescale=prescale, postscale=postscale, process_set=process_set)
     return distributed

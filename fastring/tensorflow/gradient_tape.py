@@ -13,9 +13,9 @@ from __future__ import annotations
 import tensorflow as tf
 
 from fastring import Compression, ReduceOp
-from fastring._horovod import compressed_all, global_process_set, gradient_scaling
+from fastring._horovod import compressed_all, global_process_set, gradient_scaling, member_set
 
-from .mpi_ops import Average, _reduce_graph, _sparse_allreduce, size
+from .mpi_ops import Average, _reduce_graph, _sparse_allreduce
 
 __all__ = ["DistributedGradientTape", "allreduce_gradients"]
 
@@ -26,13 +26,14 @@ class _DistributedGradientTape(tf.GradientTape):
     """A tf.GradientTape (isinstance holds) that forwards to the wrapped tape and reduces the
     gradients it returns."""
 
-    def __init__(self, tape: tf.GradientTape, compression, sparse_as_dense: bool, op: ReduceOp,
-                 prescale_factor: float, postscale_factor: float):
+    def __init__(self, tape: tf.GradientTape, compression, sparse_as_dense: bool, process_set,
+                 op: ReduceOp, prescale_factor: float, postscale_factor: float):
         # GradientTape.__init__ is not run: every method is forwarded to `tape`, which holds the
         # recording.
         self._wrapped = tape
         self._compression = compression
         self._sparse_as_dense = sparse_as_dense
+        self._process_set = process_set
         self._op = op
         self._scales = (prescale_factor, postscale_factor)
 
@@ -71,13 +72,14 @@ class _DistributedGradientTape(tf.GradientTape):
         return tf.nest.pack_sequence_as(grads, self._reduce(tf.nest.flatten(grads, expand_composites=False)))
 
     def _reduce(self, grads: list) -> list:
-        return allreduce_gradients(grads, self._op, self._compression, self._sparse_as_dense, *self._scales)
+        return allreduce_gradients(grads, self._op, self._compression, self._sparse_as_dense, *self._scales,
+                                   process_set=self._process_set)
 
 
 def allreduce_gradients(grads: list, op: ReduceOp = Average, compression=Compression.none,
                         sparse_as_dense: bool = False, prescale_factor: float = 1.0,
-                        postscale_factor: float = 1.0) -> list:
-    """A list of gradients reduced over all ranks: the dense ones together (one fused
+                        postscale_factor: float = 1.0, process_set=global_process_set) -> list:
+    """A list of gradients reduced over the ranks of `process_set`: the dense ones together (one fused
     allreduce per dtype, in one call or graph op), `tf.IndexedSlices` gathered (or densified
     with `sparse_as_dense`), None left None. What DistributedGradientTape and
     fastring.keras' DistributedOptimizer (TensorFlow backend) run.
@@ -90,18 +92,20 @@ def allreduce_gradients(grads: list, op: ReduceOp = Average, compression=Compres
     """
     if sparse_as_dense:
         grads = [tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g for g in grads]
-    if size() == 1:  # nothing to reduce
+    process_set = member_set(process_set)
+    if process_set.size() == 1:  # nothing to reduce
         return list(grads)
     dense = [i for i, g in enumerate(grads) if g is not None and not isinstance(g, tf.IndexedSlices)]
     out = list(grads)
     if dense:
         reduced = compressed_all([grads[i] for i in dense], compression, lambda ts, c: _reduce_graph(
-            ts, op, _NAME, c, prescale_factor, postscale_factor))
+            ts, op, _NAME, c, prescale_factor, postscale_factor, process_set))
         for i, r in zip(dense, reduced):
             out[i] = r
     for i, g in enumerate(grads):
         if isinstance(g, tf.IndexedSlices):
-            out[i] = _sparse_allreduce(g, op, f"{_NAME}.sparse.{i}", prescale_factor, postscale_factor)
+            out[i] = _sparse_allreduce(g, op, f"{_NAME}.sparse.{i}", prescale_factor, postscale_factor,
+                                       process_set)
     return out
 
 
@@ -109,7 +113,8 @@ def DistributedGradientTape(gradtape: tf.GradientTape, device_dense: str = "", d
                             compression=Compression.none, sparse_as_dense: bool = False, op=Average,
                             gradient_predivide_factor: float = 1.0, num_groups: int = 0, groups=None,
                             process_set=global_process_set, scale_local_gradients: bool = True):
-    """Wrap `gradtape` so that `gradient()` returns gradients averaged (by `op`) over all ranks.
+    """Wrap `gradtape` so that `gradient()` returns gradients averaged (by `op`) over the ranks
+    of `process_set` (all of them by default).
 
     With op=Average, gradients are multiplied by 1/gradient_predivide_factor before the sum and
     by gradient_predivide_factor/size after it. `compression=Compression.fp16`/`bf16` sends
@@ -131,5 +136,5 @@ def DistributedGradientTape(gradtape: tf.GradientTape, device_dense: str = "", d
     """
     if not isinstance(gradtape, tf.GradientTape):
         raise TypeError(f"gradtape must be a tf.GradientTape, got {type(gradtape).__name__}")
-    return _DistributedGradientTape(gradtape, compression, bool(sparse_as_dense),
-                                    *gradient_scaling(op, gradient_predivide_factor, process_set))
+    return _DistributedGradientTape(gradtape, compression, bool(sparse_as_dense), member_set(process_set),
+                                    *gradient_scaling(op, gradient_predivide_factor))

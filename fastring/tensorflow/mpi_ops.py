@@ -6,6 +6,10 @@ allreduce, grouped_allreduce, allgather and broadcast are differentiable as Horo
 (`tf.custom_gradient`): allreduce's gradient is the same allreduce of the output's gradient,
 allgather's the averaged gradient's rows of this rank, broadcast's the averaged gradient on
 the root and zeros elsewhere. Results are new tensors; inputs are never written.
+
+Every collective takes Horovod's `process_set=`: a registered `ProcessSet` that this rank
+belongs to (checked at the call, before any graph op is built), over whose ranks it runs;
+`root_rank` stays a global rank, as in the core API.
 """
 from __future__ import annotations
 
@@ -16,10 +20,11 @@ import tensorflow as tf
 
 import fastring
 from fastring import Compression, FastringError, ReduceOp
-from fastring._horovod import (Adasum, Average, Max, Min, Product, ProcessSet, Sum, allgather_object,
+from fastring._horovod import (Adasum, Average, Max, Min, Product, ProcessSet, Sum, add_process_set,
+                               allgather_object, remove_process_set,
                                broadcast_object, ccl_built, cross_rank, cross_size, is_initialized,
                                local_rank, local_size, rank, shutdown, size,
-                               check_process_set, compressed_all, cuda_built, ddl_built, full_name, gloo_built,
+                               member_set, compressed_all, cuda_built, ddl_built, full_name, gloo_built,
                                gloo_enabled, global_process_set, dense_op, init, mpi_built, mpi_enabled, mpi_threads_supported, nccl_built, reduce_by_dtype,
                                rocm_built)
 
@@ -30,7 +35,7 @@ __all__ = [
     "cross_size", "rank_op", "size_op", "local_rank_op", "local_size_op", "mpi_threads_supported",
     "mpi_enabled", "mpi_built", "gloo_enabled", "gloo_built", "nccl_built", "ddl_built", "ccl_built",
     "cuda_built", "rocm_built", "Average", "Sum", "Min", "Max", "Product", "Adasum", "ReduceOp",
-    "Compression", "FastringError", "ProcessSet", "global_process_set",
+    "Compression", "FastringError", "ProcessSet", "global_process_set", "add_process_set", "remove_process_set",
     "allreduce", "grouped_allreduce", "allgather", "broadcast", "alltoall", "reducescatter",
     "barrier", "join", "broadcast_object", "allgather_object",
 ]
@@ -87,32 +92,33 @@ def _rows_shape(tensor: tf.Tensor) -> list:
 
 
 # ----------------------------------------------------------------- allreduce
-def _reduce_graph(tensors: list, op, name, compression, prescale, postscale) -> list[tf.Tensor]:
-    """Dense tensors reduced by one op (eager call or graph op), without a gradient."""
+def _reduce_graph(tensors: list, op, name, compression, prescale, postscale, process_set) -> list[tf.Tensor]:
+    """Dense tensors reduced by one op over `process_set` (eager call or graph op), without a
+    gradient."""
     tensors = [as_tensor(t) for t in tensors]
-    return run(lambda n, *arrays: reduce_by_dtype(arrays, op, n, compression, prescale, postscale),
+    return run(lambda n, *arrays: reduce_by_dtype(arrays, op, n, compression, prescale, postscale, process_set),
                tensors, [t.dtype for t in tensors], [t.shape for t in tensors], "allreduce", name)
 
 
-def _differentiable_reduce(tensors: list, op, name, compression, prescale, postscale) -> list:
+def _differentiable_reduce(tensors: list, op, name, compression, prescale, postscale, process_set) -> list:
     @tf.custom_gradient
     def reduce(*ts):
         def grad(*dys):
-            return _differentiable_reduce(list(dys), op, None, compression, prescale, postscale)
-        return _reduce_graph(list(ts), op, name, compression, prescale, postscale), grad
+            return _differentiable_reduce(list(dys), op, None, compression, prescale, postscale, process_set)
+        return _reduce_graph(list(ts), op, name, compression, prescale, postscale, process_set), grad
     out = reduce(*[as_tensor(t) for t in tensors])
     return list(out) if isinstance(out, (list, tuple)) else [out]
 
 
-def _sparse_allreduce(slices: tf.IndexedSlices, op, name, prescale, postscale) -> tf.IndexedSlices:
-    """Horovod's reduction of IndexedSlices: gather every rank's rows (duplicates stay, as
-    IndexedSlices allow); Average divides the values by the number of ranks."""
+def _sparse_allreduce(slices: tf.IndexedSlices, op, name, prescale, postscale, process_set) -> tf.IndexedSlices:
+    """Horovod's reduction of IndexedSlices: gather the rows of every rank of `process_set`
+    (duplicates stay, as IndexedSlices allow); Average divides the values by its size."""
     if op not in (Sum, Average):
         raise NotImplementedError("IndexedSlices are reduced by op=Sum or op=Average only "
                                   "(or pass sparse_as_dense=True)")
-    values = allgather(slices.values, name=None if name is None else f"{name}.values")
-    indices = allgather(slices.indices, name=None if name is None else f"{name}.indices")
-    scale = prescale * postscale / (size() if op == Average else 1)
+    values = allgather(slices.values, name=None if name is None else f"{name}.values", process_set=process_set)
+    indices = allgather(slices.indices, name=None if name is None else f"{name}.indices", process_set=process_set)
+    scale = prescale * postscale / (process_set.size() if op == Average else 1)
     if scale != 1.0:
         values = values * tf.constant(scale, values.dtype)
     return tf.IndexedSlices(values, indices, slices.dense_shape)
@@ -135,12 +141,12 @@ def allreduce(tensor, average: bool | None = None, device_dense: str = "", devic
         array([1., 3.], dtype=float32)
     """
     op = dense_op(op, average)
-    check_process_set(process_set)
+    process_set = member_set(process_set)
     name = full_name("allreduce", name)
     if isinstance(tensor, tf.IndexedSlices):
-        return _sparse_allreduce(tensor, op, name, prescale_factor, postscale_factor)
+        return _sparse_allreduce(tensor, op, name, prescale_factor, postscale_factor, process_set)
     return compressed_all([tensor], compression, lambda ts, c: _differentiable_reduce(
-        ts, op, name, c, prescale_factor, postscale_factor))[0]
+        ts, op, name, c, prescale_factor, postscale_factor, process_set))[0]
 
 
 def grouped_allreduce(tensors: Sequence, average: bool | None = None, device_dense: str = "",
@@ -157,7 +163,7 @@ def grouped_allreduce(tensors: Sequence, average: bool | None = None, device_den
         [array([1., 1.], dtype=float32), array([0], dtype=int32)]
     """
     op = dense_op(op, average)
-    check_process_set(process_set)
+    process_set = member_set(process_set)
     tensors = list(tensors)
     if not tensors:
         return []
@@ -166,7 +172,7 @@ def grouped_allreduce(tensors: Sequence, average: bool | None = None, device_den
                         "allreduce, or convert them with tf.convert_to_tensor")
     name = full_name("grouped_allreduce", name)
     return compressed_all(tensors, compression, lambda ts, c: _differentiable_reduce(
-        ts, op, name, c, prescale_factor, postscale_factor))
+        ts, op, name, c, prescale_factor, postscale_factor, process_set))
 
 
 # ----------------------------------------------------------------- allgather, broadcast
@@ -181,18 +187,18 @@ def allgather(tensor, name: str | None = None, ignore_name_scope: bool = False,
         >>> hvd.allgather(tf.ones((2, 3))).shape   # (2 * size, 3)
         TensorShape([2, 3])
     """
-    check_process_set(process_set)
+    process_set = member_set(process_set)
     name = full_name("allgather", name)
 
     @tf.custom_gradient
     def gather(t):
-        out = run(lambda n, a: [fastring.allgather(a, name=n)], [t], [t.dtype], [_rows_shape(t)],
-                  "allgather", name)[0]
+        out = run(lambda n, a: [fastring.allgather(a, name=n, process_set=process_set)], [t], [t.dtype],
+                  [_rows_shape(t)], "allgather", name)[0]
 
         def grad(dy):
-            reduced = allreduce(dy, op=Average)
-            rows = allgather(tf.shape(t)[:1])
-            offset = tf.reduce_sum(rows[:rank()])
+            reduced = allreduce(dy, op=Average, process_set=process_set)
+            rows = allgather(tf.shape(t)[:1], process_set=process_set)
+            offset = tf.reduce_sum(rows[:process_set.rank()])
             return tf.slice(reduced, tf.concat([[offset], tf.zeros_like(tf.shape(t)[1:])], 0), tf.shape(t))
         return out, grad
     return gather(as_tensor(tensor))
@@ -208,16 +214,16 @@ def broadcast(tensor, root_rank: int, name: str | None = None, ignore_name_scope
         >>> hvd.broadcast(tf.constant([1, 2]), root_rank=0).numpy()
         array([1, 2], dtype=int32)
     """
-    check_process_set(process_set)
+    process_set = member_set(process_set)
     name = full_name("broadcast", name)
 
     @tf.custom_gradient
     def bcast(t):
-        out = run(lambda n, a: [fastring.broadcast(a, root_rank, name=n)], [t], [t.dtype], [t.shape],
-                  "broadcast", name)[0]
+        out = run(lambda n, a: [fastring.broadcast(a, root_rank, name=n, process_set=process_set)], [t],
+                  [t.dtype], [t.shape], "broadcast", name)[0]
 
         def grad(dy):
-            reduced = allreduce(dy, op=Average)
+            reduced = allreduce(dy, op=Average, process_set=process_set)
             return reduced if rank() == root_rank else reduced * tf.zeros((), reduced.dtype)
         return out, grad
     return bcast(as_tensor(tensor))
@@ -237,7 +243,8 @@ def alltoall(tensor, splits=None, name: str | None = None, ignore_name_scope: bo
         >>> out.numpy(), received.numpy()
         (array([0, 1, 2, 3], dtype=int32), array([4], dtype=int32))
     """
-    check_process_set(process_set)
+    process_set = member_set(process_set)
+    ranks = process_set.size()
     name = full_name("alltoall", name)
     t = as_tensor(tensor)
     inputs = [t]
@@ -246,11 +253,12 @@ def alltoall(tensor, splits=None, name: str | None = None, ignore_name_scope: bo
 
     def exchange(name, a, s=None):
         if s is None:  # Horovod divides dimension 0 equally and still reports the splits
-            if a.ndim == 0 or a.shape[0] % size():
-                fastring.alltoall(a, name=name)  # raises the core's ValueError naming the problem
-            s = np.full(size(), a.shape[0] // size(), np.int32)
-        return list(fastring.alltoall(a, s, name=name))
-    return tuple(run(exchange, inputs, [t.dtype, tf.int32], [_rows_shape(t), [size()]], "alltoall", name))
+            if a.ndim == 0 or a.shape[0] % ranks:
+                # raises the core's ValueError naming the problem
+                fastring.alltoall(a, name=name, process_set=process_set)
+            s = np.full(ranks, a.shape[0] // ranks, np.int32)
+        return list(fastring.alltoall(a, s, name=name, process_set=process_set))
+    return tuple(run(exchange, inputs, [t.dtype, tf.int32], [_rows_shape(t), [ranks]], "alltoall", name))
 
 
 def reducescatter(tensor, device_dense: str = "", compression=Compression.none, op=Average,
@@ -267,7 +275,7 @@ def reducescatter(tensor, device_dense: str = "", compression=Compression.none, 
         TensorShape([4, 2])
     """
     op = dense_op(op)
-    check_process_set(process_set)
+    process_set = member_set(process_set)
     name = full_name("reducescatter", name)
 
     def reduce(ts, core_compression):
@@ -276,7 +284,8 @@ def reducescatter(tensor, device_dense: str = "", compression=Compression.none, 
         # The core's reducescatter takes no compression: cast to the wire format around it.
         sent = t if wire is None else tf.cast(t, _WIRE[wire])
         out = run(lambda n, a: [fastring.reducescatter(a, op, name=n, prescale_factor=prescale_factor,
-                                                    postscale_factor=postscale_factor)],
+                                                    postscale_factor=postscale_factor,
+                                                    process_set=process_set)],
                   [sent], [sent.dtype], [_rows_shape(sent)], "reducescatter", name)[0]
         return [out if wire is None else tf.cast(out, t.dtype)]
     return compressed_all([tensor], compression, reduce)[0]
@@ -293,8 +302,7 @@ def barrier(process_set=global_process_set) -> None:
         >>> import fastring.tensorflow as hvd
         >>> hvd.init(); hvd.barrier()
     """
-    check_process_set(process_set)
-    fastring.barrier()
+    fastring.barrier(process_set=member_set(process_set))
 
 
 def join() -> int:

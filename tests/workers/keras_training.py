@@ -8,7 +8,7 @@ torch), in one launch:
   root's weights; MetricAverageCallback averages integer metrics exactly, and refuses metric
   names that differ between ranks; LearningRateWarmupCallback sets Horovod's schedule, batch by
   batch;
-- the keras-level allreduce/allgather/broadcast; errors: XLA (jit_compile=True) refused with
+- the keras-level allreduce/allgather/broadcast; DistributedOptimizer over a process set; errors: XLA (jit_compile=True) refused with
   the fix on the TensorFlow backend, then training works again.
 """
 import os
@@ -110,6 +110,22 @@ c.check_close("keras broadcast", hvd.broadcast(np.array([R]), root_rank=N - 1), 
 v = keras.Variable(np.full(2, float(R)))
 hvd.broadcast_variables([v], root_rank=N - 1)
 c.check_close("keras broadcast_variables", np.asarray(keras.ops.convert_to_numpy(v)), np.full(2, N - 1.0), 0)
+
+# ----------------------------------------------------------------- a process set
+# DistributedOptimizer(process_set=) averages over ranks 0, 2, ... only; the others are refused
+members = list(range(0, N, 2))
+ps = hvd.add_process_set(members) if N > 1 else hvd.global_process_set
+if R in members:
+    opt = hvd.DistributedOptimizer(keras.optimizers.SGD(1.0), process_set=ps)
+    var = keras.Variable(np.zeros(3))
+    opt.apply_gradients([(keras.ops.convert_to_tensor(np.full(3, R + 1.0)), var)])
+    c.check_close("DistributedOptimizer over a process set", np.asarray(keras.ops.convert_to_numpy(var)),
+                  np.full(3, -sum(m + 1.0 for m in members) / len(members)), 0)
+else:
+    c.expect_error("DistributedOptimizer outside its process set",
+                   lambda: hvd.DistributedOptimizer(keras.optimizers.SGD(), process_set=ps), ValueError, "not a member")
+if N > 1:
+    hvd.remove_process_set(ps)
 
 # ----------------------------------------------------------------- errors
 c.expect_error("backward_passes_per_step", lambda: hvd.DistributedOptimizer(keras.optimizers.SGD(), backward_passes_per_step=2),

@@ -265,8 +265,55 @@ c.expect_error("predivide with Sum", lambda: hvd.DistributedGradientTape(tf.Grad
                                                                         gradient_predivide_factor=2.0),
              ValueError, "gradient_predivide_factor")
 c.expect_error("not a tape", lambda: hvd.DistributedGradientTape(object()), TypeError, "GradientTape")
-c.expect_error("process set", lambda: hvd.allreduce(tf.ones(1), process_set=object()), NotImplementedError,
-             "process_set")
+c.expect_error("process set of another type", lambda: hvd.allreduce(tf.ones(1), process_set=object()), TypeError,
+               "ProcessSet")
+# ---- a process set: every collective, the tape and broadcast_variables over ranks 0, 2, ...
+# only (the others call nothing of it, and are refused if they do); on one rank, the global set
+members = list(range(0, N, 2))
+ps = hvd.add_process_set(members) if N > 1 else hvd.global_process_set
+k = len(members)
+if R in members:
+    me = members.index(R)
+    rows = [np.arange((m + 1) * 2, dtype=np.float32).reshape(m + 1, 2) + 100 * m for m in members]
+    same("set allreduce Sum", hvd.allreduce(tf.constant(rows[me][:1]), op=hvd.Sum, process_set=ps),
+         sum(r[:1] for r in rows))
+    same("set allreduce Average", graph(lambda t: hvd.allreduce(t, process_set=ps), tf.constant(rows[me][:1])),
+         sum(r[:1] for r in rows) / k)
+    same("set grouped", hvd.grouped_allreduce([tf.constant([R], tf.int64)], op=hvd.Sum, process_set=ps)[0],
+         np.array([sum(members)], np.int64))
+    same("set allgather", hvd.allgather(tf.constant(rows[me]), process_set=ps), np.concatenate(rows))
+    same("set broadcast", hvd.broadcast(tf.constant(rows[me][:1]), root_rank=members[-1], process_set=ps),
+         rows[-1][:1])
+    sent = tf.constant(np.arange(2 * k, dtype=np.int32) + 10 * R)
+    got, received = hvd.alltoall(sent, process_set=ps)
+    same("set alltoall", got, np.concatenate([np.arange(2 * me, 2 * me + 2, dtype=np.int32) + 10 * m for m in members]))
+    same("set alltoall splits", received, np.full(k, 2, np.int32))
+    same("set reducescatter", hvd.reducescatter(tf.ones((k, 3)), op=hvd.Sum, process_set=ps), np.full((1, 3), k, np.float32))
+    hvd.barrier(process_set=ps)
+    # gradients through the set: allgather's takes this rank's rows (offset by its rank in the
+    # set) of the set's averaged output gradient
+    t = tf.constant(rows[me])
+    coef = tf.constant(np.arange(sum(len(r) for r in rows) * 2, dtype=np.float32).reshape(-1, 2))
+    with tf.GradientTape() as tape:
+        tape.watch(t)
+        loss = tf.reduce_sum(hvd.allgather(t, process_set=ps) * coef)
+    start = sum(len(r) for r in rows[:me])
+    same("set allgather gradient", tape.gradient(loss, t), coef.numpy()[start:start + len(rows[me])])
+    w = tf.Variable([1.0, 2.0])
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_sum(w * float(R + 1))
+    same("set tape", hvd.DistributedGradientTape(tape, process_set=ps).gradient(loss, [w])[0],
+         np.full(2, sum(m + 1 for m in members) / k, np.float32))
+    v = tf.Variable([float(R)])
+    hvd.broadcast_variables([v], root_rank=members[-1], process_set=ps)
+    same("set broadcast_variables", tf.convert_to_tensor(v), np.array([members[-1]], np.float32))
+else:
+    c.expect_error("set not joined", lambda: hvd.allreduce(tf.ones(1), process_set=ps), ValueError, "not a member")
+    c.expect_error("set tape not joined", lambda: hvd.DistributedGradientTape(tf.GradientTape(), process_set=ps),
+                   ValueError, "not a member")
+if N > 1:
+    hvd.remove_process_set(ps)
+    c.expect_error("set removed", lambda: hvd.allgather(tf.ones(1), process_set=ps), ValueError, "not registered")
 c.expect_error("XLA", lambda: tf.function(lambda t: hvd.allreduce(t), jit_compile=True)(tf.ones(2)),
              NotImplementedError, "jit_compile")
 same("after the refused ones", hvd.allreduce(tf.ones(2), op=hvd.Sum), np.full(2, N, np.float32))
