@@ -160,13 +160,17 @@ def test_a_rank_late_for_a_large_transfer_is_an_error_on_time(tmp_path, n):
 
 def test_a_joined_rank_waiting_uses_little_cpu(tmp_path):
     """join() while the peer is busy: the wait backs off to 5 ms sleeps after a second. On
-    the 2-core reference VM it used 0.6% of a core over 5 s, against 3% with the cycle's old
-    0.5 ms ceiling (which this bound catches)."""
+    the 2-core reference VM the joined rank's threads woke 1,600-1,750 times in 5 s and used
+    0.8% of a core; with a 0.5 ms ceiling (the cycle's old one) they woke 8,400 times and
+    used 2.6%, and more under load. Wakeups only fall when the machine is loaded (sleeps
+    overrun), so they carry the exact bound; the CPU bound only catches spinning."""
     job = Job(tmp_path, 2, "join_cpu")
     try:
         rc, out = job.finish()
         assert rc == 0, out
-        used = float(re.search(r"join cpu: ([\d.]+)", out).group(1))
-        assert used < 0.015, out
+        found = re.search(r"join cpu: ([\d.]+) wakeups: (\d+)", out)
+        assert found, out
+        assert int(found.group(2)) < 4000, out
+        assert float(found.group(1)) < 0.1, out
     finally:
         job.close()

@@ -13,9 +13,11 @@ stop_transfer, kill_transfer: the ranks loop over 64 MiB allreduces; after the s
     bytes move (the loop is nearly all transfer).
 late_transfer: V arrives 6 s late at a 64 MiB allreduce.
 join_cpu: rank 0 joins while the others are busy (asleep) for 5 s; rank 0 prints the CPU time
-    (utime + stime) its process used over those 5 s as `join cpu: F` (F: fraction of a core).
+    (utime + stime) its process used over those 5 s as `join cpu: F` (F: fraction of a core)
+    and how often its threads slept and woke in them (`wakeups: W`, voluntary switches).
 A survivor prints its error, then leaves as the job's other ranks allow (see `leave`)."""
 import os
+import resource
 import signal
 import sys
 import threading
@@ -56,9 +58,10 @@ if case == "join_cpu":
     if R == 0:
         def measure():
             time.sleep(0.5)  # join's wait has begun; what follows is measured
-            used = cpu_seconds()
+            used, woke = cpu_seconds(), resource.getrusage(resource.RUSAGE_SELF).ru_nvcsw
             time.sleep(5)  # the window measured, not a synchronisation
-            print(f"join cpu: {(cpu_seconds() - used) / 5:.3f}", flush=True)
+            woke = resource.getrusage(resource.RUSAGE_SELF).ru_nvcsw - woke
+            print(f"join cpu: {(cpu_seconds() - used) / 5:.3f} wakeups: {woke}", flush=True)
         meter = threading.Thread(target=measure)
         meter.start()
         fastring.join()
