@@ -57,16 +57,16 @@ ADASUM_OPTIMIZER_UNSUPPORTED = (
 ProcessSet, global_process_set = fastring.ProcessSet, fastring.global_process_set
 add_process_set, remove_process_set = fastring.add_process_set, fastring.remove_process_set
 
-# fastring.tensorflow and fastring.keras do not take Adasum (fastring.torch and the core API
-# do); they refuse it with this error rather than reduce by another op.
-ADASUM_UNSUPPORTED = ("op=Adasum is not implemented by this adapter (fastring.torch and "
-                      "fastring.adasum_allreduce have it); use op=hvd.Average (the default, "
-                      "Horovod's usual gradient averaging) or op=hvd.Sum")
+# Adasum combines whole tensors (allreduce and its grouped, gradient and optimizer forms): the
+# collectives that reduce otherwise refuse it with this error rather than reduce by another op.
+ADASUM_UNSUPPORTED = ("op=Adasum combines whole tensors (allreduce, grouped_allreduce and the "
+                      "gradient reductions); this call has no Adasum form, as in Horovod: use "
+                      "op=hvd.Average or op=hvd.Sum")
 
 
 def dense_op(op, average=None) -> ReduceOp:
-    """`horovod_op` for the adapters without Adasum (fastring.tensorflow, fastring.keras):
-    NotImplementedError naming the way out for op=Adasum.
+    """`horovod_op` for the calls without an Adasum form (reducescatter, Keras' value
+    allreduce): NotImplementedError naming the way out for op=Adasum.
 
     Example:
         >>> from fastring import _horovod as hvd
@@ -249,11 +249,32 @@ def wait_all(handles) -> list:
     return results
 
 
+def start_adasum(tensors, name, compression, prescale_factor: float, process_set) -> list:
+    """op=Adasum of a list of tensors: one `fastring.adasum_allreduce_async` per tensor (each
+    tensor is its own Adasum; fusing would change the result), the prescale applied before it.
+    ValueError for the core's 16-bit compression (Adasum combines full precision).
+
+    Example:
+        >>> import numpy as np
+        >>> from fastring import _horovod as hvd
+        >>> hvd.init()
+        >>> [h.wait() for h in hvd.start_adasum([np.ones(2)], None, None, 1.0, None)]   # 1 rank
+        [array([1., 1.])]
+    """
+    if getattr(compression, "wire", None) is not None:
+        raise ValueError("op=Adasum takes no compression")
+    return [fastring.adasum_allreduce_async(t * prescale_factor if prescale_factor != 1.0 else t,
+                                            name=None if name is None else f"{name}.{i}",
+                                            process_set=process_set)
+            for i, t in enumerate(tensors)]
+
+
 def reduce_by_dtype(tensors, op, name, compression, prescale_factor: float,
                     postscale_factor: float, process_set=global_process_set) -> list:
     """Allreduce tensors of any dtypes (any framework the core reads): one fused grouped
-    allreduce per dtype, all in flight together, results in input order. The core raises (on
-    every rank of `process_set`) if the ranks disagree.
+    allreduce per dtype, all in flight together, results in input order (op=Adasum: one
+    Adasum per tensor, `start_adasum`). The core raises (on every rank of `process_set`) if
+    the ranks disagree.
 
     Example:
         >>> import numpy as np
@@ -262,6 +283,9 @@ def reduce_by_dtype(tensors, op, name, compression, prescale_factor: float,
         >>> hvd.reduce_by_dtype([np.ones(1), np.arange(2)], Sum, "g", None, 1.0, 1.0)   # 1 rank
         [array([1.]), array([0, 1])]
     """
+    if op is Adasum:
+        results = wait_all(start_adasum(tensors, name, compression, prescale_factor, process_set))
+        return [r * postscale_factor if postscale_factor != 1.0 else r for r in results]
     by_dtype: dict = {}
     for i, t in enumerate(tensors):
         by_dtype.setdefault(t.dtype, []).append(i)
@@ -291,17 +315,15 @@ def reduce_by_dtype(tensors, op, name, compression, prescale_factor: float,
 def gradient_scaling(op, gradient_predivide_factor: float) -> tuple:
     """(op, prescale_factor, postscale_factor) of a gradient reduction with Horovod's
     arguments: with op=Average the averaging is split around the sum (1/factor before it,
-    factor/size after it). NotImplementedError for Adasum, ValueError for a predivide factor
-    with another op.
+    factor/size after it). ValueError for a predivide factor with another op (Adasum too).
 
     Example:
         >>> from fastring import _horovod as hvd
         >>> hvd.gradient_scaling(hvd.Average, 4.0)
         (<ReduceOp.Average: 0>, 0.25, 4.0)
     """
-    if op is Adasum:
-        raise NotImplementedError(ADASUM_UNSUPPORTED)
-    op = ReduceOp(op)
+    if op is not Adasum:
+        op = ReduceOp(op)
     if gradient_predivide_factor != 1.0 and op != Average:
         raise ValueError("gradient_predivide_factor not supported with op != Average")
     if op == Average:

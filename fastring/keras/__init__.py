@@ -27,7 +27,7 @@ from fastring import Compression, FastringError, ReduceOp
 from fastring._horovod import (Adasum, Average, Max, Min, Product, ProcessSet, Sum, add_process_set,
                                allgather_object, remove_process_set,
                                broadcast_object, cross_rank, cross_size, full_name, global_process_set,
-                               dense_op, init, is_initialized, local_rank, local_size, mpi_built,
+                               horovod_op, init, reduce_by_dtype, is_initialized, local_rank, local_size, mpi_built,
                                mpi_enabled, mpi_threads_supported, rank, shutdown, size)
 
 from . import callbacks
@@ -54,9 +54,11 @@ def allreduce(value, name: str | None = None, average: bool | None = None, presc
         >>> hvd.allreduce([1.0, 3.0], op=hvd.Sum)   # on 1 rank
         array([1., 3.])
     """
-    return fastring.allreduce(to_numpy(value), dense_op(op, average), name=full_name("allreduce", name),
-                              compression=compression, prescale_factor=prescale_factor,
-                              postscale_factor=postscale_factor)
+    op, name = horovod_op(op, average), full_name("allreduce", name)
+    if op is Adasum:
+        return reduce_by_dtype([to_numpy(value)], op, name, compression, prescale_factor, postscale_factor)[0]
+    return fastring.allreduce(to_numpy(value), op, name=name, compression=compression,
+                              prescale_factor=prescale_factor, postscale_factor=postscale_factor)
 
 
 def allgather(value, name: str | None = None) -> np.ndarray:

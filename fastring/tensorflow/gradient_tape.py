@@ -121,8 +121,8 @@ def DistributedGradientTape(gradtape: tf.GradientTape, device_dense: str = "", d
     floating gradients as 16 bits (or any Horovod-shaped compressor object). `device_*`,
     `num_groups`, `groups` and `scale_local_gradients` are accepted for Horovod compatibility:
     every gradient of a call is fused by dtype anyway, and there are no local-only variables.
-    Raises NotImplementedError for op=Adasum, ValueError for gradient_predivide_factor with
-    an op other than Average.
+    op=Adasum reduces each gradient by `fastring.adasum_allreduce`. Raises ValueError for
+    gradient_predivide_factor with an op other than Average.
 
     Example:
         >>> import tensorflow as tf, fastring.tensorflow as hvd

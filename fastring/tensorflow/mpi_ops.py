@@ -6,6 +6,8 @@ allreduce, grouped_allreduce, allgather and broadcast are differentiable as Horo
 (`tf.custom_gradient`): allreduce's gradient is the same allreduce of the output's gradient,
 allgather's the averaged gradient's rows of this rank, broadcast's the averaged gradient on
 the root and zeros elsewhere. Results are new tensors; inputs are never written.
+op=Adasum (float32/float64, a power-of-two number of ranks) reduces each tensor by
+`fastring.adasum_allreduce`, its gradient too, as in fastring.torch.
 
 Every collective takes Horovod's `process_set=`: a registered `ProcessSet` that this rank
 belongs to (checked at the call, before any graph op is built), over whose ranks it runs;
@@ -25,7 +27,7 @@ from fastring._horovod import (Adasum, Average, Max, Min, Product, ProcessSet, S
                                broadcast_object, ccl_built, cross_rank, cross_size, is_initialized,
                                local_rank, local_size, rank, shutdown, size,
                                member_set, compressed_all, cuda_built, ddl_built, full_name, gloo_built,
-                               gloo_enabled, global_process_set, dense_op, init, mpi_built, mpi_enabled, mpi_threads_supported, nccl_built, reduce_by_dtype,
+                               gloo_enabled, global_process_set, dense_op, horovod_op, init, mpi_built, mpi_enabled, mpi_threads_supported, nccl_built, reduce_by_dtype,
                                rocm_built)
 
 from .tensors import as_tensor, run
@@ -140,7 +142,7 @@ def allreduce(tensor, average: bool | None = None, device_dense: str = "", devic
         >>> hvd.allreduce(tf.constant([1.0, 3.0]), op=hvd.Sum).numpy()   # on 1 rank
         array([1., 3.], dtype=float32)
     """
-    op = dense_op(op, average)
+    op = horovod_op(op, average)
     process_set = member_set(process_set)
     name = full_name("allreduce", name)
     if isinstance(tensor, tf.IndexedSlices):
@@ -162,7 +164,7 @@ def grouped_allreduce(tensors: Sequence, average: bool | None = None, device_den
         >>> [t.numpy() for t in hvd.grouped_allreduce([tf.ones(2), tf.zeros(1, tf.int32)])]
         [array([1., 1.], dtype=float32), array([0], dtype=int32)]
     """
-    op = dense_op(op, average)
+    op = horovod_op(op, average)
     process_set = member_set(process_set)
     tensors = list(tensors)
     if not tensors:

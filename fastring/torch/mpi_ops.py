@@ -20,7 +20,7 @@ from fastring import Compression, FastringError, Handle, ReduceOp
 from fastring._horovod import (Adasum, Average, Max, Min, Product, Sum, cross_rank, cross_size, is_initialized,
                                local_rank, local_size, rank, shutdown, size, ProcessSet, add_process_set, ccl_built, compressed, cuda_built, ddl_built, full_name, gloo_built, gloo_enabled,
                                global_process_set, horovod_op, init, is_native, mpi_built, mpi_enabled,
-                               mpi_threads_supported, nccl_built, remove_process_set, rocm_built)
+                               mpi_threads_supported, nccl_built, remove_process_set, rocm_built, start_adasum)
 
 __all__ = [
     "init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size", "cross_rank",
@@ -107,12 +107,9 @@ def _adasum(tensors: list, name, prescale_factor: float, postscale_factor: float
             compression, targets: list | None = None) -> _Deferred:
     """op=Adasum in any allreduce: one `fastring.adasum_allreduce` per tensor, the scale
     factors applied around it; the results are written into `targets` when given."""
-    if not is_native(compression) or getattr(compression, "wire", None) is not None:
+    if not is_native(compression):
         raise ValueError("op=Adasum takes no compression")
-    name = full_name("allreduce", name)
-    handles = [fastring.adasum_allreduce_async(t * prescale_factor if prescale_factor != 1.0 else t,
-                                               name=f"{name}.{i}" if name else None, process_set=process_set)
-               for i, t in enumerate(tensors)]
+    handles = start_adasum(tensors, full_name("allreduce", name), compression, prescale_factor, process_set)
 
     def finish(results):
         results = [r * postscale_factor if postscale_factor != 1.0 else r for r in results]

@@ -21,6 +21,7 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 
 import _common as c  # noqa: E402
+import fastring  # noqa: E402
 import fastring.keras as hvd  # noqa: E402
 
 hvd.init()
@@ -130,7 +131,15 @@ if N > 1:
 # ----------------------------------------------------------------- errors
 c.expect_error("backward_passes_per_step", lambda: hvd.DistributedOptimizer(keras.optimizers.SGD(), backward_passes_per_step=2),
              NotImplementedError, "gradient_accumulation_steps")
-c.expect_error("Adasum", lambda: hvd.DistributedOptimizer(keras.optimizers.SGD(), op=hvd.Adasum), NotImplementedError, "Adasum")
+if N & (N - 1) == 0:   # op=Adasum (power-of-two ranks): equal gradients come back unchanged
+    opt = hvd.DistributedOptimizer(keras.optimizers.SGD(1.0), op=hvd.Adasum)
+    var = keras.Variable(np.zeros(3))
+    opt.apply_gradients([(keras.ops.convert_to_tensor(np.array([1.0, -2.0, 0.5])), var)])
+    c.check_close("DistributedOptimizer(op=Adasum)", np.asarray(keras.ops.convert_to_numpy(var)),
+                  np.array([-1.0, 2.0, -0.5]), 0)
+    vec = np.random.default_rng([32, R]).standard_normal(5)
+    c.check_close("keras allreduce op=Adasum", np.asarray(hvd.allreduce(vec, op=hvd.Adasum)),
+                  fastring.adasum_allreduce(vec.copy()), 0)
 c.expect_error("wrapped twice", lambda: hvd.DistributedOptimizer(hvd.DistributedOptimizer(keras.optimizers.SGD())),
              ValueError, "already")
 c.expect_error("not an optimizer", lambda: hvd.DistributedOptimizer(object()), TypeError, "keras.optimizers.Optimizer")

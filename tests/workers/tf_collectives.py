@@ -258,9 +258,40 @@ c.expect_error("sparse Max", lambda: hvd.allreduce(tf.IndexedSlices(tf.ones((1, 
              NotImplementedError, "Sum")
 c.expect_error("grouped IndexedSlices", lambda: hvd.grouped_allreduce([tf.IndexedSlices(tf.ones((1, 2)), tf.constant([0]))]),
              TypeError, "IndexedSlices")
-c.expect_error("Adasum", lambda: hvd.allreduce(tf.ones(1), op=hvd.Adasum), NotImplementedError, "Adasum")
-c.expect_error("Adasum tape", lambda: hvd.DistributedGradientTape(tf.GradientTape(), op=hvd.Adasum),
-             NotImplementedError, "Adasum")
+# ---- op=Adasum: the core's fastring.adasum_allreduce of each tensor, bit for bit (the core's
+# own tests hold it to the formula), its gradient the Adasum of the output's gradient; the tape's
+# gradients, equal on every rank, come back unchanged (Adasum of equal vectors is the vector)
+if N & (N - 1) == 0:
+    vecs = [np.random.default_rng([31, r]).standard_normal(n) for r, n in ((R, 7), (R + 50, 3))]
+    core = [fastring.adasum_allreduce(v.copy()) for v in vecs]
+    same("Adasum", hvd.allreduce(tf.constant(vecs[0]), op=hvd.Adasum), core[0])
+    same("Adasum postscaled in a graph", graph(lambda t: hvd.allreduce(t, op=hvd.Adasum, postscale_factor=2.0),
+                                             tf.constant(vecs[0])), core[0] * 2.0)
+    for k, got in enumerate(hvd.grouped_allreduce([tf.constant(v) for v in vecs], op=hvd.Adasum)):
+        same(f"grouped Adasum {k}", got, core[k])
+    t = tf.constant(vecs[1])
+    with tf.GradientTape() as tape:
+        tape.watch(t)
+        loss = tf.reduce_sum(hvd.allreduce(t, op=hvd.Adasum) * tf.constant([1.0, 2.0, 3.0], tf.float64))
+    same("Adasum gradient", tape.gradient(loss, t), np.array([1.0, 2.0, 3.0]))
+    w = tf.Variable([1.0, -2.0, 0.5], dtype=tf.float64)
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_sum(w * w)
+    same("Adasum tape", hvd.DistributedGradientTape(tape, op=hvd.Adasum).gradient(loss, [w])[0],
+         np.array([2.0, -4.0, 1.0]))
+else:
+    c.expect_error("Adasum on ranks not a power of two", lambda: hvd.allreduce(tf.ones(2, tf.float64), op=hvd.Adasum),
+                   ValueError, "power-of-two")
+c.expect_error("Adasum of integers", lambda: hvd.allreduce(tf.ones(2, tf.int32), op=hvd.Adasum), TypeError, "float32")
+c.expect_error("Adasum compressed", lambda: hvd.allreduce(tf.ones(2), op=hvd.Adasum, compression=hvd.Compression.fp16),
+               ValueError, "compression")
+c.expect_error("Adasum reducescatter", lambda: hvd.reducescatter(tf.ones(2), op=hvd.Adasum), NotImplementedError,
+               "Adasum")
+c.expect_error("Adasum of IndexedSlices", lambda: hvd.allreduce(tf.IndexedSlices(tf.ones((1, 2)), tf.constant([0])),
+                                                               op=hvd.Adasum), NotImplementedError, "Sum")
+c.expect_error("Adasum tape with a predivide factor",
+               lambda: hvd.DistributedGradientTape(tf.GradientTape(), op=hvd.Adasum, gradient_predivide_factor=2.0),
+               ValueError, "gradient_predivide_factor")
 c.expect_error("predivide with Sum", lambda: hvd.DistributedGradientTape(tf.GradientTape(), op=hvd.Sum,
                                                                         gradient_predivide_factor=2.0),
              ValueError, "gradient_predivide_factor")
