@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import re
+import subprocess
 
 import pytest
 
@@ -37,6 +38,26 @@ def test_nothing_left_after_a_failed_rank():
         assert segments_of(proc.stdout) == [], proc.stdout
     # the next launch works
     assert "OK shm quick on 2 ranks" in run_ranks(2, "shm", "quick").stdout
+
+
+def test_a_segment_left_by_a_killed_creator_is_removed_by_the_next_launch():
+    """A rank 0 SIGKILLed inside attach, between creating its segment and every rank mapping
+    it, leaves the name behind; the next launch's rank 0 removes every segment whose creator
+    is gone (shm.remove_orphans) and keeps those of live creators."""
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    orphan = f"/dev/shm/fastring-{gone.pid}-{'0' * 12}"
+    alive = f"/dev/shm/fastring-{os.getpid()}-{'f' * 12}"
+    for path in (orphan, alive):
+        open(path, "wb").close()
+    try:
+        assert "OK shm quick on 2 ranks" in run_ranks(2, "shm", "quick").stdout
+        assert not os.path.exists(orphan)
+        assert os.path.exists(alive)
+    finally:
+        for path in (orphan, alive):
+            if os.path.exists(path):
+                os.unlink(path)
 
 
 def test_path_times():

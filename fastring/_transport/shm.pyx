@@ -40,7 +40,9 @@ SHM_STREAMING_STORE_BYTES and more are written with streaming stores (`copy_stre
 
 The segment is created by rank 0 under a name unique to the launch and unlinked as soon as
 every rank has mapped it: nothing is left in /dev/shm after any exit, SIGKILL included (the
-kernel frees the memory at the last unmap). Waits spin, then yield, then sleep with a growing
+kernel frees the memory at the last unmap). The one moment a name exists is inside `attach`;
+a rank 0 killed right then leaves it, and the next segment's rank 0 on the host removes it
+(`remove_orphans`: the name carries its creator's pid). Waits spin, then yield, then sleep with a growing
 pause, and call the stall hook on time, as the MPI waits do (mpi.pyx's `wait`): a peer that
 stops answering is reported and, past FASTRING_STALL_SHUTDOWN_TIME, becomes an error. A wait
 that gave up leaves this rank out of step with the others, so the segment refuses any later
@@ -65,6 +67,7 @@ from .._core.config import (SHM_ACTIVE_SPIN_SECONDS, SHM_ALLREDUCE_SINGLE_COPY_B
 from .._core.errors import FastringError
 
 import os
+import re
 import secrets
 
 import numpy as np
@@ -168,6 +171,47 @@ cdef int _call(void* hook, int partner, double waited) except -1 with gil:
     return 0
 
 
+SEGMENT_PREFIX = "fastring-"
+_SEGMENT_NAME = re.compile(re.escape(SEGMENT_PREFIX) + r"(\d+)-[0-9a-f]{12}")
+
+
+def remove_orphans(folder: str = "/dev/shm") -> list:
+    """Unlink the segments in `folder` whose creating process no longer exists, and return
+    their names: a rank 0 killed inside `attach`, after creating its segment and before every
+    rank had mapped it, leaves the name, and nothing else would remove it. A creator that is
+    alive (this launch's, another launch's) keeps its segment.
+
+    Example:
+        >>> remove_orphans("/nonexistent")
+        []
+    """
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return []
+    removed = []
+    for name in names:
+        found = _SEGMENT_NAME.fullmatch(name)
+        if found is None or _alive(int(found.group(1))):
+            continue
+        try:
+            os.unlink(os.path.join(folder, name))
+            removed.append(name)
+        except OSError:  # another launch removed it first, or it is not ours to remove
+            pass
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # it exists, and belongs to someone else
+        return True
+    return True
+
+
 cdef class SharedSegment:
     """The host's shared segment, mapped by every rank of `transport` (see the module
     docstring). Build it with `SharedSegment.attach`, which returns None (and why) where it
@@ -248,7 +292,8 @@ cdef class SharedSegment:
         name = ""
         why = None
         if me == 0:
-            name = f"/fastring-{os.getpid()}-{secrets.token_hex(6)}"
+            remove_orphans()
+            name = f"/{SEGMENT_PREFIX}{os.getpid()}-{secrets.token_hex(6)}"
             why = s._map(name.encode(), True)
             if why is not None:
                 name = ""
