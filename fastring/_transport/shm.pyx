@@ -10,7 +10,7 @@ Layout (every area on its own cache lines):
     [address table of rank 0 | ... of rank n-1]            2n + 2 words each
     [cycle slot 0 and 1 of rank 0 | ... of rank n-1]       negotiation blocks
     [data buffer 0 and 1 of rank 0 | ... of rank n-1]      `tile` bytes each
-    [stream ring of rank 0 | ... of rank n-1]              `tile` bytes each (broadcasts)
+    [stream ring of rank 0 | ... of rank n-1]              `tile` bytes each (streams)
 
 Synchronisation is one counter per rank: a rank that has written what the others need bumps
 its counter, and a rank that needs it waits until every counter has reached its own (a
@@ -37,6 +37,12 @@ copies each piece out once published and publishes how far it has read, which is
 waits for before it reuses ring space. The position is counted in bytes of every streamed
 broadcast so far, alike on every rank, so no call needs a barrier to start or end. Outputs of
 SHM_STREAMING_STORE_BYTES and more are written with streaming stores (`copy_streaming`).
+Allgathers and alltoalls up to SHM_STREAM_EXCHANGE_MAX_BYTES of output stream the same way
+(`_stream_exchange`), every rank at once, each writing into its own ring and reading the
+others': after the one barrier that carries the row counts, each rank steps through the same
+stream positions, at each writing its piece (an alltoall: a slot per destination), copying its
+own block's part while its source is in the cache, and copying the peers' pieces out as soon
+as they are published.
 
 The segment is created by rank 0 under a name unique to the launch and unlinked as soon as
 every rank has mapped it: nothing is left in /dev/shm after any exit, SIGKILL included (the
