@@ -66,7 +66,8 @@ from .cycle cimport HASH, HEADER_WORDS, PAYLOAD_BYTES, block_bytes, combine_bloc
 from .mpi cimport Link, TransportBase, back_off, now, reduce_fn_t
 
 from .._core.config import (SHM_ACTIVE_SPIN_SECONDS, SHM_ALLREDUCE_SINGLE_COPY_BYTES, SHM_HOT_SPIN_SECONDS,
-                            SHM_SINGLE_COPY_BYTES, SHM_SINGLE_COPY_CHUNK_BYTES, SHM_STREAM_EXCHANGE_MAX_BYTES,
+                            SHM_SINGLE_COPY_BYTES, SHM_SINGLE_COPY_CHUNK_BYTES, SHM_STREAM_EXCHANGE_LEAD_PIECES,
+                            SHM_STREAM_EXCHANGE_MAX_BYTES,
                             SHM_STREAM_LARGE_PIECE_BYTES, SHM_STREAM_PIECE_BYTES,
                             SHM_STREAMING_STORE_BYTES, WAIT_CYCLE_SPIN_SECONDS)
 from .._core.errors import FastringError
@@ -161,6 +162,7 @@ DEF IN_ROUNDS = -2      # a single-copy allreduce that rank 0 sent in rounds ins
 cdef double _CYCLE_SPIN = WAIT_CYCLE_SPIN_SECONDS
 cdef double _HOT_SPIN = SHM_HOT_SPIN_SECONDS
 cdef double _ACTIVE_SPIN = SHM_ACTIVE_SPIN_SECONDS
+cdef int64_t _EXCHANGE_LEAD = SHM_STREAM_EXCHANGE_LEAD_PIECES
 
 
 ctypedef void (*finish_fn_t)(void* dst, int64_t count, int64_t divisor, double factor) noexcept nogil
@@ -786,6 +788,29 @@ cdef class SharedSegment:
             self._failed()
             raise
 
+    cdef int _exchange_write(self, const int64_t* io, bint per_dest, uint64_t p, int64_t off, int64_t w) except -1 nogil:
+        """`_stream_exchange`'s step at stream position `p`: this rank's slots (bytes `off` to
+        `off + w` of each block it sends) into its ring, then how far it got published."""
+        cdef int n = self.size, me = self.rank, r, t
+        cdef int64_t piece = self.large_piece, ring = self.ring, k
+        cdef Link* link = &self.transport.link
+        cdef char* mine = self.base + self.stream_off + me * self.tile
+        cdef bint wrote = False
+        for r in range(n if per_dest else 1):
+            if per_dest and r == me:
+                continue
+            k = min(w, io[2 * r + 1] - off)
+            if k <= 0:
+                continue
+            if not wrote and p + <uint64_t> piece > <uint64_t> ring:  # ring space the others must have left
+                self._await(STREAM_READ, p + piece - ring, -1, me, link.spin, link.interval, link.hook)
+            wrote = True
+            t = (r - me - 1 + n) % n if per_dest else 0
+            memcpy(mine + p % ring + t * w, <const char*> io[2 * r] + off, k)
+        if wrote:
+            self._publish(STREAM_SENT, p + piece)
+        return 0
+
     cdef int _stream_exchange(self, const int64_t* io, bint per_dest, int64_t most, bint streaming) except -1 nogil:
         """Every rank's blocks to every other rank through the rings, in pieces, with no
         barrier: `io` holds 6n words, [send address, send length] per destination, [receive
@@ -794,10 +819,11 @@ cdef class SharedSegment:
         `per_dest`: every destination gets its own block (alltoall: a piece is split into a
         slot per other rank); otherwise one block goes to all (allgather: destination 0's
         entry). `most` is the longest block any rank sends, the same on every rank, so that
-        every rank steps through the same stream positions: at each, it writes its slots
-        into its ring and publishes how far it got, copies its own block's part (its source
-        still in the cache), copies every peer's slot for it out of the peer's ring once
-        published, and publishes how far it has read."""
+        every rank steps through the same stream positions: at each, it writes its slots of
+        a later position into its ring and publishes how far it got
+        (SHM_STREAM_EXCHANGE_LEAD_PIECES ahead), copies its own block's part, copies every
+        peer's slot for it out of the peer's ring once published, and publishes how far it
+        has read."""
         cdef int n = self.size, me = self.rank, r, t, slots = n - 1 if per_dest else 1
         cdef int64_t piece = self.large_piece, ring = self.ring
         cdef int64_t w = piece // slots // LINE * LINE, k, off
@@ -808,25 +834,17 @@ cdef class SharedSegment:
         cdef char* own_dst = <char*> io[4 * n + 2]
         cdef const char* own_src = <const char*> io[4 * n]
         cdef int64_t own_len = io[4 * n + 1], s
-        cdef bint wrote
         self.streamed = start + <uint64_t> (steps * piece)
+        # writing ahead of its reading, a rank that is held up a moment still finds its peers'
+        # next pieces published (SHM_STREAM_EXCHANGE_LEAD_PIECES); never more than the ring holds
+        cdef int64_t lead = min(_EXCHANGE_LEAD, ring // piece - 1)
+        for s in range(min(lead, steps)):
+            self._exchange_write(io, per_dest, start + <uint64_t> (s * piece), s * w, w)
         for s in range(steps):
             p = start + <uint64_t> (s * piece)
             off = s * w
-            wrote = False
-            for r in range(n if per_dest else 1):
-                if per_dest and r == me:
-                    continue
-                k = min(w, io[2 * r + 1] - off)
-                if k <= 0:
-                    continue
-                if not wrote and p + <uint64_t> piece > <uint64_t> ring:  # ring space the others must have left
-                    self._await(STREAM_READ, p + piece - ring, -1, me, link.spin, link.interval, link.hook)
-                wrote = True
-                t = (r - me - 1 + n) % n if per_dest else 0
-                memcpy(mine + p % ring + t * w, <const char*> io[2 * r] + off, k)
-            if wrote:
-                self._publish(STREAM_SENT, p + piece)
+            if s + lead < steps:
+                self._exchange_write(io, per_dest, p + <uint64_t> (lead * piece), off + lead * w, w)
             k = min(w, own_len - off)
             if k > 0:
                 self._copy_out(own_dst + off, own_src + off, k, streaming)
