@@ -824,7 +824,7 @@ cdef class SharedSegment:
         (SHM_STREAM_EXCHANGE_LEAD_PIECES ahead), copies its own block's part, copies every
         peer's slot for it out of the peer's ring once published, and publishes how far it
         has read."""
-        cdef int n = self.size, me = self.rank, r, t, slots = n - 1 if per_dest else 1
+        cdef int n = self.size, me = self.rank, r, t, slots = max(1, n - 1) if per_dest else 1
         cdef int64_t piece = self.large_piece, ring = self.ring
         cdef int64_t w = piece // slots // LINE * LINE, k, off
         cdef int64_t steps = (most + w - 1) // w
