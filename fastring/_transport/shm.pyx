@@ -1042,11 +1042,12 @@ cdef class SharedSegment:
         self.data_rounds += 1
         cdef int err = 0
         cdef char* buf
-        cdef int64_t[:, ::1] b
-        cdef int64_t[::1] rd, got, io, sent, gets
+        cdef int64_t[:, ::1] b, ints
+        cdef int64_t[::1] rd, got, sent, gets
         cdef uintptr_t dst
         cdef bint streaming, all_staged = True
         cdef int64_t widest = 0
+        cdef int64_t* io
         try:
             with nogil:
                 buf = self._data(me, round_)
@@ -1057,10 +1058,11 @@ cdef class SharedSegment:
                 self._data_arrive()
             received = np.empty(n, np.int64)
             got = received
-            b = np.empty((n, n), np.int64)  # bytes from rank r to rank j
-            rd = np.empty(n, np.int64)
-            sent = np.zeros(n, np.int64)  # bytes each rank sends to the others
-            gets = np.zeros(n, np.int64)  # bytes each rank's result holds
+            ints = np.zeros((n + 9, n), np.int64)  # one allocation for all of these
+            b = ints[:n]  # bytes from rank r to rank j
+            rd = ints[n]
+            sent = ints[n + 1]  # bytes each rank sends to the others
+            gets = ints[n + 2]  # bytes each rank's result holds
             for r in range(n):
                 got[r] = (<int64_t*> self._data(r, round_))[me]
                 for j in range(n):
@@ -1080,13 +1082,13 @@ cdef class SharedSegment:
                 rd[r] = rd[r - 1] + b[r - 1, me]
             streaming = rd[n - 1] + b[n - 1, me] >= self.streaming_bytes
             if widest <= self.stream_exchange_bytes:
-                io = np.zeros(6 * n, np.int64)
+                io = &ints[n + 3, 0]  # the last 6n words
                 for r in range(n):
                     io[2 * r], io[2 * r + 1] = <int64_t> src + sd[r], b[me, r]
                     io[2 * n + 2 * r], io[2 * n + 2 * r + 1] = <int64_t> dst + rd[r], b[r, me]
                 io[4 * n], io[4 * n + 1], io[4 * n + 2] = <int64_t> src + sd[me], b[me, me], <int64_t> dst + rd[me]
                 with nogil:
-                    self._stream_exchange(&io[0], True, most, streaming)
+                    self._stream_exchange(io, True, most, streaming)
                 return received, out
             with nogil:
                 if b[me, me]:
