@@ -788,9 +788,12 @@ cdef class SharedSegment:
             self._failed()
             raise
 
-    cdef int _exchange_write(self, const int64_t* io, bint per_dest, uint64_t p, int64_t off, int64_t w) except -1 nogil:
+    cdef int _exchange_write(self, const int64_t* io, bint per_dest, uint64_t p, int64_t off, int64_t w,
+                             bint streaming) except -1 nogil:
         """`_stream_exchange`'s step at stream position `p`: this rank's slots (bytes `off` to
-        `off + w` of each block it sends) into its ring, then how far it got published."""
+        `off + w` of each block it sends) into its ring, then how far it got published; an
+        allgather's own block, the one it sends, then copied from where it is still in the
+        cache."""
         cdef int n = self.size, me = self.rank, r, t
         cdef int64_t piece = self.large_piece, ring = self.ring, k
         cdef Link* link = &self.transport.link
@@ -809,6 +812,9 @@ cdef class SharedSegment:
             memcpy(mine + p % ring + t * w, <const char*> io[2 * r] + off, k)
         if wrote:
             self._publish(STREAM_SENT, p + piece)
+            k = min(w, io[4 * n + 1] - off)
+            if not per_dest and k > 0:
+                self._copy_out(<char*> io[4 * n + 2] + off, <const char*> io[4 * n] + off, k, streaming)
         return 0
 
     cdef int _stream_exchange(self, const int64_t* io, bint per_dest, int64_t most, bint streaming) except -1 nogil:
@@ -821,9 +827,10 @@ cdef class SharedSegment:
         entry). `most` is the longest block any rank sends, the same on every rank, so that
         every rank steps through the same stream positions: at each, it writes its slots of
         a later position into its ring and publishes how far it got
-        (SHM_STREAM_EXCHANGE_LEAD_PIECES ahead), copies its own block's part, copies every
-        peer's slot for it out of the peer's ring once published, and publishes how far it
-        has read."""
+        (SHM_STREAM_EXCHANGE_LEAD_PIECES ahead; an allgather copies the same piece into its
+        own result there, while it is in the cache), copies its own block's part (alltoall),
+        copies every peer's slot for it out of the peer's ring once published, and publishes
+        how far it has read."""
         cdef int n = self.size, me = self.rank, r, t, slots = max(1, n - 1) if per_dest else 1
         cdef int64_t piece = self.large_piece, ring = self.ring
         cdef int64_t w = piece // slots // LINE * LINE, k, off
@@ -839,14 +846,14 @@ cdef class SharedSegment:
         # next pieces published (SHM_STREAM_EXCHANGE_LEAD_PIECES); never more than the ring holds
         cdef int64_t lead = min(_EXCHANGE_LEAD, ring // piece - 1)
         for s in range(min(lead, steps)):
-            self._exchange_write(io, per_dest, start + <uint64_t> (s * piece), s * w, w)
+            self._exchange_write(io, per_dest, start + <uint64_t> (s * piece), s * w, w, streaming)
         for s in range(steps):
             p = start + <uint64_t> (s * piece)
             off = s * w
             if s + lead < steps:
-                self._exchange_write(io, per_dest, p + <uint64_t> (lead * piece), off + lead * w, w)
+                self._exchange_write(io, per_dest, p + <uint64_t> (lead * piece), off + lead * w, w, streaming)
             k = min(w, own_len - off)
-            if k > 0:
+            if k > 0 and per_dest:  # an allgather's was copied as it was written
                 self._copy_out(own_dst + off, own_src + off, k, streaming)
             for r in range(n):
                 k = min(w, io[2 * n + 2 * r + 1] - off)
@@ -858,7 +865,7 @@ cdef class SharedSegment:
                                + p % ring + t * w, k, streaming)
             self._publish(STREAM_READ, p + piece)
         off = steps * w
-        if own_len > off:
+        if own_len > off and per_dest:
             self._copy_out(own_dst + off, own_src + off, own_len - off, streaming)
         return 0
 
