@@ -837,7 +837,6 @@ cdef class SharedSegment:
         cdef int64_t steps = (most + w - 1) // w
         cdef uint64_t start = <uint64_t> _align(<int64_t> self.streamed, piece), p
         cdef Link* link = &self.transport.link
-        cdef char* mine = self.base + self.stream_off + me * self.tile
         cdef char* own_dst = <char*> io[4 * n + 2]
         cdef const char* own_src = <const char*> io[4 * n]
         cdef int64_t own_len = io[4 * n + 1], s
