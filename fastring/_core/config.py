@@ -86,7 +86,8 @@ SHM_SINGLE_COPY_BYTES = SHM_TILE_BYTES
 SHM_ALLREDUCE_SINGLE_COPY_BYTES = 16 << 20
 SHM_SINGLE_COPY_CHUNK_BYTES = 1 << 20
 # A broadcast on one host streams through the root's ring in the segment (SHM_TILE_BYTES) in
-# pieces of this many bytes: the readers copy a piece out while the root copies the next in.
+# pieces of this many bytes (below SHM_STREAMING_STORE_BYTES): the readers copy a piece out
+# while the root copies the next in.
 SHM_STREAM_PIECE_BYTES = 64 * 1024
 # Streams whose outputs take streaming stores (broadcasts from SHM_STREAMING_STORE_BYTES), and
 # every allgather and alltoall that streams, hand over pieces of this size instead: fewer waits
