@@ -118,7 +118,7 @@ def test_a_rank_killed_mid_transfer_ends_the_job(tmp_path, n):
 
 @pytest.mark.parametrize("n", [2, 3])
 @pytest.mark.parametrize("case, during", [("stop_negotiation", "negotiation"), ("stop_transfer", "allreduce (shm)"),
-                                          ("stop_broadcast", "broadcast")])
+                                          ("stop_broadcast", "broadcast"), ("stop_allgather", "allgather")])
 def test_a_stopped_rank_is_an_error_on_time(tmp_path, n, case, during):
     """Rank V stops (SIGSTOP): every other rank's collective fails within
     FASTRING_STALL_SHUTDOWN_TIME + 2 s, naming rank V (a ring partner of it does; a rank

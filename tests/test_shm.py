@@ -90,3 +90,30 @@ def test_path_times():
     assert list(p.times) == [(3 << 12, 16 << 20)]
     p.record((3 << 12, 16 << 20), True, 1e-3)
     assert len(p.times[(3 << 12, 16 << 20)][0]) == 2
+
+
+def test_exchanges_of_one_rank():
+    """allgather_rows and alltoall_rows of a segment with one rank (in this process): no peer to
+    stream to or from, so the rows come back as they were (the alltoall's slot per other rank
+    must not divide by none), streamed and not."""
+    import numpy as np
+    from mpi4py import MPI
+
+    from fastring._transport import Transport, array_address
+    from fastring._transport.shm import SharedSegment
+
+    t = Transport(MPI.COMM_WORLD)
+    seg, why = SharedSegment.attach(t, 1 << 20, 81920)
+    assert why is None
+    x = np.arange(15, dtype=np.int64).reshape(5, 3)
+    try:
+        for stream in (1 << 40, 0):
+            seg.stream_exchange_bytes = stream
+            counts, out = seg.allgather_rows(array_address(x), 5, 24, lambda c: np.empty((int(c.sum()), 3), np.int64))
+            assert counts.tolist() == [5] and np.array_equal(out, x)
+            rows, out = seg.alltoall_rows(array_address(x), np.array([5], np.int64), 24,
+                                          lambda c: np.empty((int(c.sum()), 3), np.int64))
+            assert rows.tolist() == [5] and np.array_equal(out, x)
+    finally:
+        seg.close()
+        t.free()

@@ -86,8 +86,14 @@ SHM_SINGLE_COPY_BYTES = SHM_TILE_BYTES
 SHM_ALLREDUCE_SINGLE_COPY_BYTES = 16 << 20
 SHM_SINGLE_COPY_CHUNK_BYTES = 1 << 20
 # A broadcast on one host streams through the root's ring in the segment (SHM_TILE_BYTES) in
-# pieces of this many bytes: the readers copy a piece out while the root copies the next in.
+# pieces of this many bytes (below SHM_STREAMING_STORE_BYTES): the readers copy a piece out
+# while the root copies the next in.
 SHM_STREAM_PIECE_BYTES = 64 * 1024
+# Streams whose outputs take streaming stores (broadcasts from SHM_STREAMING_STORE_BYTES), and
+# every allgather and alltoall that streams, hand over pieces of this size instead: fewer waits
+# for the peers' flags (16 MiB broadcast 430 against 481 us with 64 KiB pieces; allgather
+# 1 MiB 60 against 67 us, 16 MiB 2072 against 2583 us: BENCHMARKS.md, issue 18, session 5).
+SHM_STREAM_LARGE_PIECE_BYTES = 512 * 1024
 # Broadcasts up to this size stream (up to SHM_STREAMING_STORE_BYTES the readers' copies out
 # of the ring stay in the cache; from it they take streaming stores); above it the single-copy
 # broadcast, which tied with the stream at 32 and 64 MiB (BENCHMARKS.md, issue 18, session 4).
@@ -96,6 +102,14 @@ SHM_STREAM_BROADCAST_MAX_BYTES = 16 << 20
 # (non-temporal) stores: at this size the output no longer stays in the cache anyway, and a
 # plain store reads each line before writing it.
 SHM_STREAMING_STORE_BYTES = 16 << 20
+# allgather and alltoall whose output on a rank is at most this many bytes stream through the
+# ranks' rings as broadcasts do (every rank writes a piece into its ring and copies the others'
+# pieces out while they are still in the cache); larger ones go by single copy or in rounds.
+SHM_STREAM_EXCHANGE_MAX_BYTES = 32 << 20
+# In those streams each rank writes this many pieces ahead of the ones it reads, so that one
+# held up for a moment finds its peers' next pieces already published (the 16 MiB alltoall,
+# np=2 under load: 1927 against 2405 us with no lead; 1 and 4 pieces in between).
+SHM_STREAM_EXCHANGE_LEAD_PIECES = 2
 # A single-copy-sized allreduce of a buffer goes by single copy or in rounds, whichever was the
 # faster for that buffer (huge pages or not decide it: fastring.algorithms.shm.PathTimes); the
 # other is tried again every SHM_ALLREDUCE_RETRY_CALLS calls: at 16 and 64 MiB the slower path

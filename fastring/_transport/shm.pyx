@@ -10,7 +10,7 @@ Layout (every area on its own cache lines):
     [address table of rank 0 | ... of rank n-1]            2n + 2 words each
     [cycle slot 0 and 1 of rank 0 | ... of rank n-1]       negotiation blocks
     [data buffer 0 and 1 of rank 0 | ... of rank n-1]      `tile` bytes each
-    [stream ring of rank 0 | ... of rank n-1]              `tile` bytes each (broadcasts)
+    [stream ring of rank 0 | ... of rank n-1]              `tile` bytes each (streams)
 
 Synchronisation is one counter per rank: a rank that has written what the others need bumps
 its counter, and a rank that needs it waits until every counter has reached its own (a
@@ -37,6 +37,12 @@ copies each piece out once published and publishes how far it has read, which is
 waits for before it reuses ring space. The position is counted in bytes of every streamed
 broadcast so far, alike on every rank, so no call needs a barrier to start or end. Outputs of
 SHM_STREAMING_STORE_BYTES and more are written with streaming stores (`copy_streaming`).
+Allgathers and alltoalls up to SHM_STREAM_EXCHANGE_MAX_BYTES of output stream the same way
+(`_stream_exchange`), every rank at once, each writing into its own ring and reading the
+others': after the one barrier that carries the row counts, each rank steps through the same
+stream positions, at each writing its piece (an alltoall: a slot per destination), copying its
+own block's part while its source is in the cache, and copying the peers' pieces out as soon
+as they are published.
 
 The segment is created by rank 0 under a name unique to the launch and unlinked as soon as
 every rank has mapped it: nothing is left in /dev/shm after any exit, SIGKILL included (the
@@ -62,7 +68,9 @@ from .cycle cimport HASH, HEADER_WORDS, PAYLOAD_BYTES, block_bytes, combine_bloc
 from .mpi cimport Link, TransportBase, back_off, now, reduce_fn_t
 
 from .._core.config import (SHM_ACTIVE_SPIN_SECONDS, SHM_ALLREDUCE_SINGLE_COPY_BYTES, SHM_HOT_SPIN_SECONDS,
-                            SHM_SINGLE_COPY_BYTES, SHM_SINGLE_COPY_CHUNK_BYTES, SHM_STREAM_PIECE_BYTES,
+                            SHM_SINGLE_COPY_BYTES, SHM_SINGLE_COPY_CHUNK_BYTES, SHM_STREAM_EXCHANGE_LEAD_PIECES,
+                            SHM_STREAM_EXCHANGE_MAX_BYTES,
+                            SHM_STREAM_LARGE_PIECE_BYTES, SHM_STREAM_PIECE_BYTES,
                             SHM_STREAMING_STORE_BYTES, WAIT_CYCLE_SPIN_SECONDS)
 from .._core.errors import FastringError
 
@@ -157,6 +165,7 @@ DEF IN_ROUNDS = -2      # a single-copy allreduce that rank 0 sent in rounds ins
 cdef double _CYCLE_SPIN = WAIT_CYCLE_SPIN_SECONDS
 cdef double _HOT_SPIN = SHM_HOT_SPIN_SECONDS
 cdef double _ACTIVE_SPIN = SHM_ACTIVE_SPIN_SECONDS
+cdef int64_t _EXCHANGE_LEAD = SHM_STREAM_EXCHANGE_LEAD_PIECES
 
 
 ctypedef void (*finish_fn_t)(void* dst, int64_t count, int64_t divisor, double factor) noexcept nogil
@@ -225,12 +234,15 @@ cdef class SharedSegment:
     cdef uint64_t data_rounds, cycles
     cdef uint64_t claimed      # where the claim counter stands when every rank is between calls
     cdef int64_t chunk         # bytes per claimed chunk of a single-copy call
-    cdef int64_t stream_off, stream_piece
+    cdef int64_t stream_off, stream_piece, large_piece, ring
     cdef uint64_t streamed     # the stream position: bytes every streamed broadcast so far moved
     # Where single copy starts (SHM_SINGLE_COPY_BYTES, SHM_ALLREDUCE_SINGLE_COPY_BYTES); tests
     # lower them, on every rank alike, to run small messages that way.
     cdef public int64_t single_copy_bytes, allreduce_single_copy_bytes
     cdef public int64_t streaming_bytes  # outputs from this size are written with streaming stores
+    # allgather_rows and alltoall_rows stream when each rank's output is at most this many bytes
+    # (SHM_STREAM_EXCHANGE_MAX_BYTES); tests change it, on every rank alike
+    cdef public int64_t stream_exchange_bytes
     cdef char* scratch         # two chunks of private memory: an accumulator and a landing place
     # More ranks than this process may run on cores: a spinning wait yields its core at once.
     # Otherwise only after SHM_HOT_SPIN_SECONDS (SHM_ACTIVE_SPIN_SECONDS in a run of back-to-back
@@ -281,13 +293,19 @@ cdef class SharedSegment:
         s.single_copy_bytes = SHM_SINGLE_COPY_BYTES
         s.allreduce_single_copy_bytes = SHM_ALLREDUCE_SINGLE_COPY_BYTES
         s.streaming_bytes = SHM_STREAMING_STORE_BYTES
+        s.stream_exchange_bytes = SHM_STREAM_EXCHANGE_MAX_BYTES
         s.scratch = <char*> aligned_alloc(PAGE, 2 * s.chunk)
         if s.scratch == NULL:
             raise MemoryError()
         s.data_off = s.cycle_off + 2 * n * s.cycle_bytes
         s.stream_off = s.data_off + 2 * n * s.tile
-        # at least two pieces to a ring, so that the root writes one while a reader copies one
+        # at least two pieces to a ring, so that the root writes one while a reader copies one;
+        # the ring a whole number of large pieces, each a whole number of small ones, so that
+        # no piece of either size straddles its end
         s.stream_piece = min(_align(SHM_STREAM_PIECE_BYTES, LINE), s.tile // 2 // LINE * LINE)
+        s.large_piece = max(s.stream_piece, min(SHM_STREAM_LARGE_PIECE_BYTES, s.tile // 2) // s.stream_piece
+                            * s.stream_piece)
+        s.ring = s.tile // s.large_piece * s.large_piece
         s.length = s.stream_off + n * s.tile
         name = ""
         why = None
@@ -446,6 +464,13 @@ cdef class SharedSegment:
     cdef inline bint _single_copy(self, int64_t nbytes, int64_t threshold) noexcept nogil:
         """Whether a call moving `nbytes` (the same on every rank) goes by single copy."""
         return self.transport.pids != NULL and nbytes >= threshold
+
+    cdef inline bint _stages(self, int64_t nbytes) noexcept nogil:
+        """Whether a rank sending `nbytes` to the others stages them in its buffer before the
+        first barrier of allgather_rows / alltoall_rows: not when they alone would go by
+        single copy, nor when the whole call may stream (decided after the barrier, on the
+        bytes of every rank)."""
+        return nbytes > self.stream_exchange_bytes and not self._single_copy(nbytes, self.single_copy_bytes)
 
     cdef inline uint64_t _chunks(self, uint64_t count) noexcept nogil:
         """Reserve the next `count` claim indices for this call; returns the first."""
@@ -775,21 +800,23 @@ cdef class SharedSegment:
             raise ValueError(f"root {root} is outside [0, {self.size})")
         if nbytes < 0:
             raise ValueError(f"nbytes must not be negative, got {nbytes}")
-        cdef int64_t ring = self.tile // self.stream_piece * self.stream_piece
+        cdef int64_t ring = self.ring
+        cdef bint streaming = nbytes >= self.streaming_bytes
+        # large pieces where the readers write with streaming stores: fewer hand-overs, and no
+        # cache for a smaller piece to stay in
+        cdef int64_t step = self.large_piece if streaming else self.stream_piece, piece
         # Every rank counts the same stream position; each call starts on a piece boundary,
         # so that no piece straddles the end of the ring.
-        cdef uint64_t start = <uint64_t> _align(<int64_t> self.streamed, self.stream_piece)
+        cdef uint64_t start = <uint64_t> _align(<int64_t> self.streamed, step)
         cdef uint64_t end = start + <uint64_t> nbytes, at
-        cdef int64_t piece
         cdef Link* link = &self.transport.link
         cdef char* ring_base = self.base + self.stream_off + root * self.tile
-        cdef bint streaming = nbytes >= self.streaming_bytes
         self.streamed = end
         try:
             with nogil:
                 at = start
                 while at < end:
-                    piece = min(self.stream_piece, <int64_t> (end - at))
+                    piece = min(step, <int64_t> (end - at))
                     if self.rank == root:
                         if at + piece > <uint64_t> ring:  # ring space the readers must have left
                             self._await(STREAM_READ, at + piece - ring, -1, root,
@@ -806,6 +833,86 @@ cdef class SharedSegment:
             self._failed()
             raise
 
+    cdef int _exchange_write(self, const int64_t* io, bint per_dest, uint64_t p, int64_t off, int64_t w,
+                             bint streaming) except -1 nogil:
+        """`_stream_exchange`'s step at stream position `p`: this rank's slots (bytes `off` to
+        `off + w` of each block it sends) into its ring, then how far it got published; an
+        allgather's own block, the one it sends, then copied from where it is still in the
+        cache."""
+        cdef int n = self.size, me = self.rank, r, t
+        cdef int64_t piece = self.large_piece, ring = self.ring, k
+        cdef Link* link = &self.transport.link
+        cdef char* mine = self.base + self.stream_off + me * self.tile
+        cdef bint wrote = False
+        for r in range(n if per_dest else 1):
+            if per_dest and r == me:
+                continue
+            k = min(w, io[2 * r + 1] - off)
+            if k <= 0:
+                continue
+            if not wrote and p + <uint64_t> piece > <uint64_t> ring:  # ring space the others must have left
+                self._await(STREAM_READ, p + piece - ring, -1, me, link.spin, link.interval, link.hook)
+            wrote = True
+            t = (r - me - 1 + n) % n if per_dest else 0
+            memcpy(mine + p % ring + t * w, <const char*> io[2 * r] + off, k)
+        if wrote:
+            self._publish(STREAM_SENT, p + piece)
+            k = min(w, io[4 * n + 1] - off)
+            if not per_dest and k > 0:
+                self._copy_out(<char*> io[4 * n + 2] + off, <const char*> io[4 * n] + off, k, streaming)
+        return 0
+
+    cdef int _stream_exchange(self, const int64_t* io, bint per_dest, int64_t most, bint streaming) except -1 nogil:
+        """Every rank's blocks to every other rank through the rings, in pieces, with no
+        barrier: `io` holds 6n words, [send address, send length] per destination, [receive
+        address, receive length] per source, then this rank's own block as [source, length]
+        and [destination, 0] padding (this rank's entries in the first two are unused).
+        `per_dest`: every destination gets its own block (alltoall: a piece is split into a
+        slot per other rank); otherwise one block goes to all (allgather: destination 0's
+        entry). `most` is the longest block any rank sends, the same on every rank, so that
+        every rank steps through the same stream positions: at each, it writes its slots of
+        a later position into its ring and publishes how far it got
+        (SHM_STREAM_EXCHANGE_LEAD_PIECES ahead; an allgather copies the same piece into its
+        own result there, while it is in the cache), copies its own block's part (alltoall),
+        copies every peer's slot for it out of the peer's ring once published, and publishes
+        how far it has read."""
+        cdef int n = self.size, me = self.rank, r, t, slots = max(1, n - 1) if per_dest else 1
+        cdef int64_t piece = self.large_piece, ring = self.ring
+        cdef int64_t w = piece // slots // LINE * LINE, k, off
+        cdef int64_t steps = (most + w - 1) // w
+        cdef uint64_t start = <uint64_t> _align(<int64_t> self.streamed, piece), p
+        cdef Link* link = &self.transport.link
+        cdef char* own_dst = <char*> io[4 * n + 2]
+        cdef const char* own_src = <const char*> io[4 * n]
+        cdef int64_t own_len = io[4 * n + 1], s
+        self.streamed = start + <uint64_t> (steps * piece)
+        # writing ahead of its reading, a rank that is held up a moment still finds its peers'
+        # next pieces published (SHM_STREAM_EXCHANGE_LEAD_PIECES); never more than the ring holds
+        cdef int64_t lead = min(_EXCHANGE_LEAD, ring // piece - 1)
+        for s in range(min(lead, steps)):
+            self._exchange_write(io, per_dest, start + <uint64_t> (s * piece), s * w, w, streaming)
+        for s in range(steps):
+            p = start + <uint64_t> (s * piece)
+            off = s * w
+            if s + lead < steps:
+                self._exchange_write(io, per_dest, p + <uint64_t> (lead * piece), off + lead * w, w, streaming)
+            k = min(w, own_len - off)
+            if k > 0 and per_dest:  # an allgather's was copied as it was written
+                self._copy_out(own_dst + off, own_src + off, k, streaming)
+            for r in range(n):
+                k = min(w, io[2 * n + 2 * r + 1] - off)
+                if r == me or k <= 0:
+                    continue
+                self._await(STREAM_SENT, p + piece, r, -1, link.spin, link.interval, link.hook)
+                t = (me - r - 1 + n) % n if per_dest else 0
+                self._copy_out(<char*> io[2 * n + 2 * r] + off, self.base + self.stream_off + r * self.tile
+                               + p % ring + t * w, k, streaming)
+            self._publish(STREAM_READ, p + piece)
+        off = steps * w
+        if own_len > off and per_dest:
+            self._copy_out(own_dst + off, own_src + off, own_len - off, streaming)
+        return 0
+
     def allgather_rows(self, uintptr_t src, int64_t rows, int64_t row_bytes, object allocate):
         """An allgather whose row counts travel with the data: rank r contributes `rows`
         rows of `row_bytes` bytes at `src` (C-contiguous), every rank learns every rank's
@@ -819,14 +926,15 @@ cdef class SharedSegment:
         self._check()
         cdef int n = self.size, me = self.rank, r
         cdef int64_t mine = rows * row_bytes
-        cdef bint staged = not self._single_copy(mine, self.single_copy_bytes)
+        cdef bint staged = self._stages(mine)
         cdef uint64_t round_ = self.data_rounds
         self.data_rounds += 1
         cdef int err = 0
         cdef int64_t most = 0, total = 0
         cdef int64_t[::1] c, b, d, bd
+        cdef int64_t[::1] io
         cdef uintptr_t dst
-        cdef bint streaming
+        cdef bint streaming, all_staged = True
         try:
             with nogil:
                 # Beside the sequence word, one count slot per buffer parity: a rank cannot
@@ -851,7 +959,18 @@ cdef class SharedSegment:
                 d[r] = total
                 most = max(most, b[r])
                 total += b[r]
+                all_staged = all_staged and self._stages(b[r])
             streaming = total >= self.streaming_bytes
+            if total <= self.stream_exchange_bytes:
+                io = np.zeros(6 * n, np.int64)
+                io[0], io[1] = <int64_t> src, mine
+                for r in range(n):
+                    io[2 * n + 2 * r], io[2 * n + 2 * r + 1] = <int64_t> dst + d[r], b[r]
+                if <char*> dst + d[me] != <char*> src:
+                    io[4 * n], io[4 * n + 1], io[4 * n + 2] = <int64_t> src, mine, <int64_t> dst + d[me]
+                with nogil:
+                    self._stream_exchange(&io[0], False, most, streaming)
+                return counts, out
             with nogil:
                 if mine and <char*> dst + d[me] != <char*> src:
                     self._copy_out(<char*> dst + d[me], <char*> src, mine, streaming)
@@ -860,11 +979,13 @@ cdef class SharedSegment:
                         self._table(me)[1 + r] = src
                         self._table(me)[1 + n + r] = dst + d[r]
                     err = self._single_copy_moves(&b[0], True)
-                else:
+                elif all_staged:
                     for r in range(n):
                         if r != me and b[r]:
                             self._copy_out(<char*> dst + d[r], self._data(r, round_), min(self.tile, b[r]), streaming)
                     self._gather_rounds(<char*> src, <char*> dst, &b[0], &d[0], most, self.tile, streaming)
+                else:
+                    self._gather_rounds(<char*> src, <char*> dst, &b[0], &d[0], most, 0, streaming)
         except BaseException:
             self._failed()
             raise
@@ -967,15 +1088,17 @@ cdef class SharedSegment:
             sd[j + 1] = sd[j] + send_rows[j] * row_bytes
             if j != me:
                 mine += send_rows[j] * row_bytes
-        cdef bint staged = not self._single_copy(mine, self.single_copy_bytes)
+        cdef bint staged = self._stages(mine)
         cdef uint64_t round_ = self.data_rounds
         self.data_rounds += 1
         cdef int err = 0
         cdef char* buf
-        cdef int64_t[:, ::1] b
-        cdef int64_t[::1] rd, got
+        cdef int64_t[:, ::1] b, ints
+        cdef int64_t[::1] rd, got, sent, gets
         cdef uintptr_t dst
-        cdef bint streaming
+        cdef bint streaming, all_staged = True
+        cdef int64_t widest = 0
+        cdef int64_t* io
         try:
             with nogil:
                 buf = self._data(me, round_)
@@ -986,21 +1109,38 @@ cdef class SharedSegment:
                 self._data_arrive()
             received = np.empty(n, np.int64)
             got = received
-            b = np.empty((n, n), np.int64)  # bytes from rank r to rank j
-            rd = np.empty(n, np.int64)
+            ints = np.zeros((n + 9, n), np.int64)  # one allocation for all of these
+            b = ints[:n]  # bytes from rank r to rank j
+            rd = ints[n]
+            sent = ints[n + 1]  # bytes each rank sends to the others
+            gets = ints[n + 2]  # bytes each rank's result holds
             for r in range(n):
                 got[r] = (<int64_t*> self._data(r, round_))[me]
                 for j in range(n):
                     b[r, j] = (<int64_t*> self._data(r, round_))[j] * row_bytes
+                    gets[j] += b[r, j]
                     if r != j:
                         most = max(most, b[r, j])
                         total += b[r, j]
+                        sent[r] += b[r, j]
+            for r in range(n):
+                widest = max(widest, gets[r])
+                all_staged = all_staged and self._stages(sent[r])
             out = allocate(received)
             dst = <uintptr_t> cnp.PyArray_DATA(out)
             rd[0] = 0
             for r in range(1, n):
                 rd[r] = rd[r - 1] + b[r - 1, me]
             streaming = rd[n - 1] + b[n - 1, me] >= self.streaming_bytes
+            if widest <= self.stream_exchange_bytes:
+                io = &ints[n + 3, 0]  # the last 6n words
+                for r in range(n):
+                    io[2 * r], io[2 * r + 1] = <int64_t> src + sd[r], b[me, r]
+                    io[2 * n + 2 * r], io[2 * n + 2 * r + 1] = <int64_t> dst + rd[r], b[r, me]
+                io[4 * n], io[4 * n + 1], io[4 * n + 2] = <int64_t> src + sd[me], b[me, me], <int64_t> dst + rd[me]
+                with nogil:
+                    self._stream_exchange(io, True, most, streaming)
+                return received, out
             with nogil:
                 if b[me, me]:
                     self._copy_out(<char*> dst + rd[me], <char*> src + sd[me], b[me, me], streaming)
@@ -1009,12 +1149,15 @@ cdef class SharedSegment:
                         self._table(me)[1 + r] = src + sd[r]
                         self._table(me)[1 + n + r] = dst + rd[r]
                     err = self._single_copy_moves(&b[0, 0], False)
-                else:
+                elif all_staged:
                     for r in range(n):
                         if r != me and b[r, me]:
                             self._copy_out(<char*> dst + rd[r], self._data(r, round_) + head + me * first,
                                            min(first, b[r, me]), streaming)
                     self._alltoall_rounds(<char*> src, &b[0, 0], &sd[0], <char*> dst, &rd[0], most, width, first,
+                                          streaming)
+                else:
+                    self._alltoall_rounds(<char*> src, &b[0, 0], &sd[0], <char*> dst, &rd[0], most, width, 0,
                                           streaming)
         except BaseException:
             self._failed()

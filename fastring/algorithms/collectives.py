@@ -18,9 +18,10 @@ has agreed that every rank runs them.
 When every rank runs on this host with the shared segment mapped (`rt.shm`), the data of all
 four go through it up to SHM_COLLECTIVE_MAX_BYTES (reducescatter's up to
 SHM_REDUCESCATTER_MAX_BYTES); where the ranks may copy between their
-memories, allgather and alltoall at every size (from SHM_SINGLE_COPY_BYTES the segment copies
-straight between the ranks' buffers: fastring/_transport/shm.pyx); broadcast streams through
-the root's ring up to SHM_STREAM_BROADCAST_MAX_BYTES (the single-copy broadcast above).
+memories, allgather and alltoall at every size (up to SHM_STREAM_EXCHANGE_MAX_BYTES of output
+streamed through the ranks' rings in pieces, above it copied straight between the ranks'
+buffers: fastring/_transport/shm.pyx); broadcast streams through the root's ring up to
+SHM_STREAM_BROADCAST_MAX_BYTES (the single-copy broadcast above).
 """
 from __future__ import annotations
 

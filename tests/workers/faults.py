@@ -8,6 +8,7 @@ raise, exit0, exit3: V raises, exits 0 or exits 3 instead of calling the allredu
 stop_negotiation: after 50 small allreduces back to back, V stops itself (SIGSTOP) instead of
     calling the next, so the others wait in the negotiation cycle (the lean path's).
 stop_broadcast: as stop_transfer, over 1 MiB broadcasts from V (streamed through the segment).
+stop_allgather: as stop_transfer, over 4 MiB allgathers (streamed through every rank's ring).
 stop_transfer, kill_transfer: the ranks loop over 64 MiB allreduces; after the second, a
     thread of V stops (SIGSTOP) or kills (SIGKILL) its own process, almost surely while the
     bytes move (the loop is nearly all transfer).
@@ -110,6 +111,17 @@ try:
             if i == 1:
                 second.set()
         c.fail("a million broadcasts completed although their root stopped")
+    elif case == "stop_allgather":
+        second = threading.Event()
+        if R == V:
+            stop_self_after(second, signal.SIGSTOP)
+        rows = big[:(4 << 20) // 4]  # every rank's rows streamed through its ring in the segment
+        for i in range(1_000_000):
+            began = time.monotonic()
+            fastring.allgather(rows, name=f"ag.{i}")
+            if i == 1:
+                second.set()
+        c.fail("a million allgathers completed although a rank stopped")
     elif case == "late_transfer":
         if R == V:
             time.sleep(6)  # the lateness itself is what is tested

@@ -5,8 +5,10 @@ check: the segment is mapped and already unlinked; every dtype x op through it, 
     large (by single copy: chunks claimed by whichever rank is free, uneven last chunk),
     Average and the postscale, out= into another array with the input left alone, fusion of
     async requests, grouped allreduce, compression, the negotiation cycle through it; the
-    other collectives' loops by single copy; streamed broadcasts; copies by streaming stores,
-    and allgather and alltoall writing their outputs with them, by single copy and in rounds; a single copy that fails (a rank publishes an
+    other collectives' loops by single copy; streamed broadcasts; allgather and alltoall
+    streamed through the rings, back to back with broadcasts; copies by streaming stores,
+    and allgather and alltoall writing their outputs with them, streamed, by single copy and
+    in rounds; a single copy that fails (a rank publishes an
     address that is not mapped) raises on every rank and turns single copy off, after which
     the same large calls go in rounds through the segment's buffers; then FASTRING_SHM=0 falls
     back (and says why at debug level) and a second init maps a fresh segment. The single-copy
@@ -31,8 +33,9 @@ import numpy as np
 
 import _common as c
 import fastring
-from fastring._core.config import (SHM_ONE_STEP_BYTES, SHM_SINGLE_COPY_CHUNK_BYTES, SHM_STREAM_PIECE_BYTES,
-                                   SHM_STREAMING_STORE_BYTES, SHM_TILE_BYTES)
+from fastring._core.config import (SHM_ONE_STEP_BYTES, SHM_SINGLE_COPY_CHUNK_BYTES, SHM_STREAM_EXCHANGE_MAX_BYTES,
+                                   SHM_STREAM_LARGE_PIECE_BYTES, SHM_STREAM_PIECE_BYTES, SHM_STREAMING_STORE_BYTES,
+                                   SHM_TILE_BYTES)
 from fastring._core.runtime import runtime
 from fastring._transport import CYCLE_HEADER_WORDS, SPECULATION_FAILED, array_address
 from fastring._transport.shm import copy_streaming
@@ -352,6 +355,55 @@ def counted_alltoalls(tag):
     shm.single_copy_bytes = saved
 
 
+def streamed_exchanges(tag):
+    """allgather and alltoall streamed through the rings (SharedSegment._stream_exchange),
+    back to back with streamed broadcasts and no barrier between any of them, so that a rank
+    may refill ring space a slower peer has only just freed: blocks from nothing to more than
+    twice the ring (the stream wraps within one call), a piece and one byte either side,
+    uneven and empty blocks; every result checked after all ran. Then, single copy off and
+    the stream's threshold between one rank's bytes and the call's, a call that goes in
+    rounds although only some ranks staged their first round."""
+    piece = min(SHM_STREAM_LARGE_PIECE_BYTES, shm.tile_bytes // 2)
+    ring = shm.tile_bytes
+    results = []
+    for k, nbytes in enumerate([0, 8, piece - 8, piece + 8, 2 * ring + 3 * piece + 40]):
+        rows = [0 if (r == 1 and k % 2) else nbytes // 8 + 3 * r for r in range(N)]
+        mine = c.rank_input(np.dtype(np.int64), (rows[R],), R, 110 + k)
+        got = fastring.allgather(mine, name=f"ag stream {k}")
+        results.append((f"allgather streamed {nbytes} B {tag}", got,
+                        np.concatenate([c.rank_input(np.dtype(np.int64), (rows[r],), r, 110 + k) for r in range(N)])))
+        to = [[0 if (r + j + k) % 3 == 0 and k else (nbytes // N + 5 * j + r) // 4 for j in range(N)] for r in range(N)]
+        inputs = [c.rank_input(np.dtype(np.int32), (sum(to[r]),), r, 120 + k) for r in range(N)]
+        got, received = fastring.alltoall(inputs[R], splits=to[R], name=f"a2a stream {k}")
+        starts = [np.cumsum([0] + to[r]) for r in range(N)]
+        results.append((f"alltoall streamed {nbytes} B {tag}", got,
+                        np.concatenate([inputs[r][starts[r][R]:starts[r][R + 1]] for r in range(N)])))
+        root = k % N
+        expect = ((np.arange(nbytes + k, dtype=np.int64) * 29 + k) % 251).astype(np.uint8)
+        buf = expect.copy() if R == root else np.zeros(nbytes + k, np.uint8)
+        fastring.broadcast(buf, root, name=f"bc stream {k}", out=buf)
+        results.append((f"broadcast between streams {nbytes} B {tag}", buf, expect))
+    for what, got, expect in results:
+        c.check_close(what, got, expect, 0)
+    saved = shm.single_copy_bytes, shm.stream_exchange_bytes
+    shm.single_copy_bytes = 1 << 40
+    shm.stream_exchange_bytes = 1 << 20
+    rows = [(1 << 20) // 8 - 100 if r == 0 else SHM_TILE_BYTES // 8 + 1000 * r for r in range(N)]
+    parts = [c.rank_input(np.dtype(np.int64), (rows[r],), r, 130) for r in range(N)]
+    c.check_close(f"allgather partly staged {tag}", fastring.allgather(parts[R], name="ag partly staged"),
+                  np.concatenate(parts), 0)
+    counted_alltoall(lambda r, j: 1000 if r == 0 else SHM_TILE_BYTES // 24 + 100 * j, np.dtype(np.int64), 131,
+                     f"alltoall partly staged {tag}")
+    shm.single_copy_bytes, shm.stream_exchange_bytes = saved
+
+
+def unstreamed(check, tag):
+    """`check(tag)` with the stream off: the single-copy and round paths of the same calls."""
+    shm.stream_exchange_bytes = 0
+    check(tag)
+    shm.stream_exchange_bytes = SHM_STREAM_EXCHANGE_MAX_BYTES
+
+
 shm = rt.shm
 sum_f64 = kernels.reduce_cfunc(KERNEL_OP[fastring.Sum], np.dtype(np.float64))
 sum_f32 = kernels.reduce_cfunc(KERNEL_OP[fastring.Sum], np.dtype(np.float32))
@@ -377,13 +429,17 @@ finished_where_reduced(lambda dt: (SHM_ONE_STEP_BYTES // dt.itemsize - 1,
 collectives_loops("single copy", 1 << 20)
 streamed_broadcasts("cached")
 streaming_copies()
-counted_allgathers("single copy")
-counted_alltoalls("single copy")
+streamed_exchanges("cached")
+counted_allgathers("streamed")
+counted_alltoalls("streamed")
+unstreamed(counted_allgathers, "single copy")
+unstreamed(counted_alltoalls, "single copy")
 # the same with every output written by streaming stores (from SHM_STREAMING_STORE_BYTES)
 shm.streaming_bytes = 0
 streamed_broadcasts("streaming stores")
-counted_allgathers("single copy, streaming stores")
-counted_alltoalls("single copy, streaming stores")
+streamed_exchanges("streaming stores")
+unstreamed(counted_allgathers, "single copy, streaming stores")
+unstreamed(counted_alltoalls, "single copy, streaming stores")
 # and through the API: allgather of uneven row counts, alltoall with splits
 rows = [c.rank_input(np.dtype(np.int64), (40_000 + 1000 * r, 4), r, 50) for r in range(N)]
 got = fastring.allgather(rows[R], name="ag single copy")
@@ -466,8 +522,8 @@ dtypes_and_ops([np.dtype(np.int32), np.dtype(np.float16), np.dtype(np.float64)],
                lambda dt: (SHM_TILE_BYTES // dt.itemsize + N + 1,), "rounds")
 finished_where_reduced(lambda dt: (SHM_TILE_BYTES // dt.itemsize + N + 1,), "rounds")
 collectives_loops("rounds", shm.tile_bytes)
-counted_allgathers("rounds, streaming stores")
-counted_alltoalls("rounds, streaming stores")
+unstreamed(counted_allgathers, "rounds, streaming stores")
+unstreamed(counted_alltoalls, "rounds, streaming stores")
 shm.streaming_bytes = SHM_STREAMING_STORE_BYTES
 for count in (1, N - 1, N, 2 * N + 1):
     a = np.arange(count, dtype=np.float64) + R
