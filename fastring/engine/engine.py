@@ -35,7 +35,7 @@ from .._core.errors import FastringError
 from .._core.ops import ReduceOp
 from .._core.work import AllreduceWork, Entry, Finish, finalizer, nothing, pack, predivides
 from .._transport import (SPECULATION_FAILED, copy_from_array, copy_to_array, exit_unless_gone_within,
-                          is_c_contiguous, is_writable_c_contiguous)
+                          is_c_contiguous, is_writable_c_contiguous, views_of)
 from .fusion import Executor
 from .negotiation import (HAS_UNCACHED, LEAVING, LEFT_RANK_SHIFT, NO_PAYLOAD, WANT_REPORT, Negotiation,
                           describe_mismatch, is_clean, leaving_flags, ranks_leaving)
@@ -215,6 +215,43 @@ class Engine:
                     algorithm.run(self.rt, algorithms.Reduction(flat, spec, op, divide,
                                                                 src=None if result is arr else arr.reshape(-1)))
                 return result
+        finally:
+            self._cycle_lock.release()
+        return self._wait_queued(req)
+
+    def lone_grouped(self, arrays: list, spec: DtypeSpec, op: ReduceOp, name: str | None, fields: tuple,
+                     nbytes: int, request: Callable[[str], Request]) -> list | None:
+        """A synchronous plain grouped host allreduce (`arrays`: C-contiguous numpy arrays of
+        `spec`'s dtype, `nbytes` in all, too many to ride a cycle; `fields` as the general
+        path would build them) while nothing is queued here: `_speculate_alone`, then the
+        group reduced from where its arrays lie into one block whose views are the results,
+        with no Request nor an entry per tensor unless the ranks disagree (`request(name)`
+        builds it then). Returns the results, or None when the general path must take the
+        call; nothing has happened then."""
+        if not self._idle():
+            return None
+        self._cycle_lock.acquire()  # nothing is queued: whoever holds it lets go within a cycle
+        try:
+            try:
+                if self._pending or self._keep_cycling:
+                    return None
+                name = name or self.auto_name("grouped_allreduce")
+                clean, outcome, words, h = self._speculate_alone(name, fields, _no_payload)
+                if clean:
+                    self._completed += 1
+                else:
+                    req = request(name)
+                    req.signature_hash = h
+                    self._lone_failed(req, outcome, words)
+            except BaseException as e:  # noqa: BLE001 - every waiter must hear of it
+                self._abandon(e)
+                raise
+            if clean:
+                # as in execution, an error of the reduction itself is the caller's alone
+                block = _pool.empty((nbytes // spec.dtype.itemsize,), spec.dtype)
+                divide = Finish(self.rt.size, 1.0) if op == ReduceOp.Average and self.rt.size > 1 else nothing
+                self._executor.reduce_group(name, arrays, block, spec, op, divide)
+                return views_of(block, arrays)
         finally:
             self._cycle_lock.release()
         return self._wait_queued(req)
