@@ -13,7 +13,7 @@ from .._core.compression import Compression, Compressor, as_compressor
 from .._core.device import is_device_tensor
 from .._core.dtypes import SUPPORTED, DtypeSpec, spec_of
 from .._core.ops import OP_NAMES, ReduceOp, as_reduce_op
-from .._core.runtime import Runtime
+from .._core.runtime import Runtime, runtime
 from .._core.tensor import as_array, host_view, like
 from .._core.work import AllreduceWork, Entry
 from .._transport import group_of
@@ -60,7 +60,8 @@ def _fields(kind: str, spec: DtypeSpec, shapes: tuple, op: ReduceOp, prescale: f
     return fields
 
 
-# (kind, dtype, shape or shapes, op) -> (spec, fields) of a plain allreduce, for _plain_plan
+# (dtype, shape, op), and for a grouped one (dtype, shapes, op, kind) -> (spec, fields) of a plain
+# allreduce, for _plain_plan and _plan
 _PLANS: dict[tuple, tuple] = {}
 
 
@@ -68,12 +69,13 @@ def _plain_plan(arr: np.ndarray, op: ReduceOp) -> tuple[DtypeSpec, tuple] | None
     """(spec, fields) of a plain (no compression, no scale factors) allreduce of `arr` that
     passes every check as it is, or None where the general path must look (an error, or an
     Average that is not a plain sum then division). One lookup per call on the hot paths."""
-    return _plan("allreduce", arr.dtype, arr.shape, op)
+    plan = _PLANS.get((arr.dtype, arr.shape, op))
+    return plan if plan is not None else _plan("allreduce", arr.dtype, arr.shape, op)
 
 
 def _plan(kind: str, dtype: np.dtype, shape: tuple, op: ReduceOp) -> tuple[DtypeSpec, tuple] | None:
     """`_plain_plan` of a `kind` of allreduce (a grouped one: `shape` holds every shape)."""
-    key = (kind, dtype, shape, op)
+    key = (dtype, shape, op) if kind == "allreduce" else (dtype, shape, op, kind)
     plan = _PLANS.get(key)
     if plan is None:
         spec = SUPPORTED.get(dtype)
@@ -92,7 +94,7 @@ def _lone_allreduce(arr: np.ndarray, op: ReduceOp, name: str | None, out: np.nda
     plan = _plain_plan(arr, op)
     if plan is None:
         return None
-    rt = runtime_of(process_set)
+    rt = runtime() if process_set is None else runtime_of(process_set)
 
     def request(assigned: str) -> Request:
         return _allreduce_request(rt, "allreduce", [arr], [out], op, assigned,
