@@ -200,7 +200,8 @@ class Engine:
                             self._lone_calls[name] = (fields, h, reducer)
                     outcome, clean = neg.lone_exchange(h, arr, result, reducer, name)
                     if clean:  # is_clean(outcome, h), as the transport found it
-                        self._settle(name, fields)
+                        # `_settle`, whose flags this call found as it leaves them (under the lock)
+                        neg.remember(name, fields)
                 else:
                     clean, outcome, words, h = self._speculate_alone(name, fields, _no_payload)
                 if clean:
