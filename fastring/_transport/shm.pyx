@@ -208,6 +208,12 @@ cdef void _reduce_pieces(Pieces* p, char* acc, int64_t offset, int64_t nbytes, r
         _seek(p, offset)
 
 
+cdef inline int64_t _part_start(int r, int n, int64_t count) noexcept nogil:
+    """Where rank r's part of `count` items split between n ranks starts (the first
+    count % n ranks take one more)."""
+    return r * (count // n) + min(r, count % n)
+
+
 ctypedef void (*finish_fn_t)(void* dst, int64_t count, int64_t divisor, double factor) noexcept nogil
 
 
@@ -774,31 +780,25 @@ cdef class SharedSegment:
         others after the second barrier."""
         cdef int n = self.size, me = self.rank, r
         cdef int64_t per_round = max(n, round_bytes // itemsize), total = nbytes // itemsize
-        cdef int64_t sub = max(1, SUB_BYTES // itemsize), done = 0, c, base, extra, lo, hi, off, k
+        cdef int64_t sub = max(1, SUB_BYTES // itemsize), done = 0, c, off, end, k
         cdef uint64_t round_
         cdef char* mine
         cdef char* acc
-        cdef char* d
         while done < total:
             c = min(per_round, total - done)
-            base, extra = c // n, c % n
             round_ = self.data_rounds
             self.data_rounds += 1
             mine = self._data(me, round_)
-            d = dst + done * itemsize
-            for r in range(n):
-                if r != me:
-                    lo = r * base + min(r, extra)
-                    hi = lo + base + (1 if r < extra else 0)
-                    _gather(p, mine + lo * itemsize, (done + lo) * itemsize, (hi - lo) * itemsize)
+            for r in range(n):  # the others' parts, for them to reduce
+                off, end = _part_start(r, n, c), _part_start(r + 1, n, c)
+                if r != me and end > off:
+                    _gather(p, mine + off * itemsize, (done + off) * itemsize, (end - off) * itemsize)
             self._data_arrive()
-            lo = me * base + min(me, extra)
-            hi = lo + base + (1 if me < extra else 0)
-            off = lo
-            while off < hi:
+            off, end = _part_start(me, n, c), _part_start(me + 1, n, c)
+            while off < end:
                 # piece by piece while in L1: accumulated in this rank's buffer (where the
                 # others copy it from), then copied into `dst`
-                k = min(sub, hi - off)
+                k = min(sub, end - off)
                 acc = mine + off * itemsize
                 if me == 0:
                     _gather(p, acc, (done + off) * itemsize, k * itemsize)
@@ -810,14 +810,14 @@ cdef class SharedSegment:
                     else:
                         reduce(acc, self._data(r, round_) + off * itemsize, k)
                 self._finish_piece(acc, k)
-                memcpy(d + off * itemsize, acc, k * itemsize)
+                memcpy(dst + (done + off) * itemsize, acc, k * itemsize)
                 off += k
             self._data_arrive()
-            for r in range(n):
-                if r != me:
-                    lo = r * base + min(r, extra)
-                    hi = lo + base + (1 if r < extra else 0)
-                    memcpy(d + lo * itemsize, self._data(r, round_) + lo * itemsize, (hi - lo) * itemsize)
+            for r in range(n):  # the others' reduced parts
+                off, end = _part_start(r, n, c), _part_start(r + 1, n, c)
+                if r != me and end > off:
+                    memcpy(dst + (done + off) * itemsize, self._data(r, round_) + off * itemsize,
+                           (end - off) * itemsize)
             done += c
         return 0
 

@@ -202,20 +202,18 @@ class Engine:
                     if clean:  # is_clean(outcome, h), as the transport found it
                         # `_settle`, whose flags this call found as it leaves them (under the lock)
                         neg.remember(name, fields)
+                        self._completed += 1
+                    else:
+                        req = self._lone_outcome(False, outcome, words, h, name, request)
                 else:
-                    clean, outcome, words, h = self._speculate_alone(name, fields, _no_payload)
-                if clean:
-                    self._completed += 1
-                else:
-                    req = request(name)
-                    req.signature_hash = h
-                    self._lone_failed(req, outcome, words)
+                    req = self._speculate_lone(name, fields, request)
+                    clean = req is None
             except BaseException as e:  # noqa: BLE001 - every waiter must hear of it
                 self._abandon(e)
                 raise
             if clean:
                 # as in execution, an error of the reduction itself is the caller's alone
-                divide = Finish(self.rt.size, 1.0) if op == ReduceOp.Average and self.rt.size > 1 else nothing
+                divide = self._average_finish(op)
                 if small:
                     if divide is not nothing:
                         divide(result.reshape(-1))
@@ -244,29 +242,42 @@ class Engine:
             return None
         self._cycle_lock.acquire()  # nothing is queued: whoever holds it lets go within a cycle
         try:
+            if self._pending or self._keep_cycling:
+                return None
+            name = name or self.auto_name("grouped_allreduce")
             try:
-                if self._pending or self._keep_cycling:
-                    return None
-                name = name or self.auto_name("grouped_allreduce")
-                clean, outcome, words, h = self._speculate_alone(name, fields, _no_payload)
-                if clean:
-                    self._completed += 1
-                else:
-                    req = request(name)
-                    req.signature_hash = h
-                    self._lone_failed(req, outcome, words)
+                req = self._speculate_lone(name, fields, request)
             except BaseException as e:  # noqa: BLE001 - every waiter must hear of it
                 self._abandon(e)
                 raise
-            if clean:
-                # as in execution, an error of the reduction itself is the caller's alone
+            if req is None:  # clean; an error of the reduction itself is the caller's alone
                 block = _pool.empty((nbytes // spec.dtype.itemsize,), spec.dtype)
-                divide = Finish(self.rt.size, 1.0) if op == ReduceOp.Average and self.rt.size > 1 else nothing
-                self._executor.reduce_group(name, arrays, block, spec, op, divide)
+                self._executor.reduce_group(name, arrays, block, spec, op, self._average_finish(op))
                 return views_of(block, arrays)
         finally:
             self._cycle_lock.release()
         return self._wait_queued(req)
+
+    def _lone_outcome(self, clean: bool, outcome: tuple, words: int, h: int, name: str,
+                      request: Callable[[str], Request]) -> Request | None:
+        """After a lean call's cycle: counted done when clean; otherwise its Request, built now
+        (`request(name)`), acts on the outcome like any cycle's and is returned."""
+        if clean:
+            self._completed += 1
+            return None
+        req = request(name)
+        req.signature_hash = h
+        self._lone_failed(req, outcome, words)
+        return req
+
+    def _speculate_lone(self, name: str, fields: tuple, request: Callable[[str], Request]) -> Request | None:
+        """A lean call's speculation cycle, with no payload, then `_lone_outcome`."""
+        clean, outcome, words, h = self._speculate_alone(name, fields, _no_payload)
+        return self._lone_outcome(clean, outcome, words, h, name, request)
+
+    def _average_finish(self, op: ReduceOp):
+        """What a lean call runs on its reduced values: Average's division, or nothing."""
+        return Finish(self.rt.size, 1.0) if op == ReduceOp.Average and self.rt.size > 1 else nothing
 
     def _speculate_alone(self, name: str, fields: tuple, write_payload) -> tuple[bool, tuple, int, int]:
         """The one speculation step: a cycle in which this rank proposes (name, fields) and
