@@ -84,7 +84,14 @@ def scatter_to_arrays(cnp.ndarray flat not None, list arrays not None):
 def pieces_of(list arrays not None):
     """(addresses, byte lengths) of `arrays`, two int64 arrays: the pieces an allreduce of
     the group reads where they lie (`SharedSegment.allreduce_pieces`); or None when any is
-    not a C-contiguous numpy array (then it must be copied into one buffer first)."""
+    not a C-contiguous numpy array (then it must be copied into one buffer first).
+
+    Example:
+        >>> import numpy as np
+        >>> a, b = np.zeros(2, np.int32), np.zeros(3)
+        >>> [int(n) for n in pieces_of([a, b])[1]], pieces_of([a, b[::2]])
+        ([8, 24], None)
+    """
     cdef Py_ssize_t n = len(arrays), i
     addresses, lengths = np.empty(n, np.int64), np.empty(n, np.int64)
     cdef int64_t[::1] at = addresses, length = lengths
@@ -104,7 +111,15 @@ def pieces_of(list arrays not None):
 def group_of(list arrays not None):
     """(dtype, shapes, total bytes) of a group of C-contiguous numpy arrays (exactly
     np.ndarray) of one dtype, as a plain grouped allreduce needs them; None when any array
-    is not one (the general path checks and explains)."""
+    is not one (the general path checks and explains).
+
+    Example:
+        >>> import numpy as np
+        >>> group_of([np.zeros((2, 3)), np.zeros(4)])
+        (dtype('float64'), ((2, 3), (4,)), 80)
+        >>> group_of([np.zeros(2), np.zeros(2, np.float32)]) is None
+        True
+    """
     cdef Py_ssize_t n = len(arrays), i, total = 0
     if n == 0 or type(arrays[0]) is not np.ndarray:
         return None
@@ -127,7 +142,13 @@ def group_of(list arrays not None):
 
 def views_of(cnp.ndarray block not None, list arrays not None):
     """Views of the C-contiguous `block`, one after another, each shaped as the array at the
-    same place in `arrays` (a grouped allreduce's results, in one call)."""
+    same place in `arrays` (a grouped allreduce's results, in one call).
+
+    Example:
+        >>> import numpy as np
+        >>> views_of(np.arange(5.0), [np.zeros(2), np.zeros((1, 3))])
+        [array([0., 1.]), array([[2., 3., 4.]])]
+    """
     cdef Py_ssize_t n = len(arrays), i
     cdef cnp.ndarray a, view
     cdef cnp.dtype dtype = <cnp.dtype> cnp.PyArray_DESCR(block)

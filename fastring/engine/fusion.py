@@ -97,6 +97,7 @@ class Executor:
         own = work.own_buffer() if len(batch) == 1 else None
         if own is not None and own.dtype == work.accumulator and not work.splits_average:
             if not (work.block is not None and _plain(work, self.rt.size)
+                    and hasattr(algorithm, "run_pieces")
                     and self._reduce_pieces(algorithm, self._plain_reduction(names, own, work),
                                             [e.src for e in work.entries])):
                 src = self._unscaled_source(work, algorithm)
@@ -123,8 +124,10 @@ class Executor:
         # pack() per tensor costs microseconds each in Python.
         plain = (in_own_dtype and _plain(work, self.rt.size)
                  and all(len(r.allreduce.entries) == 1 for r in batch))
-        if not (plain and self._reduce_pieces(algorithm, self._plain_reduction(names, flat, work),
-                                              [r.allreduce.entries[0].src for r in batch])):
+        # (the Reduction and the list of inputs are built only for an algorithm that reads pieces)
+        if not (plain and hasattr(algorithm, "run_pieces")
+                and self._reduce_pieces(algorithm, self._plain_reduction(names, flat, work),
+                                        [r.allreduce.entries[0].src for r in batch])):
             with self.timeline.span(names, "pack"):
                 if plain:
                     np.concatenate([r.allreduce.entries[0].src for r in batch], axis=None, out=flat)
