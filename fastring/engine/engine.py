@@ -46,6 +46,7 @@ from .timeline import Timeline
 log = logging.getLogger("fastring")
 _fits_cycle = algorithms.InCycle.fits
 LONE_CALLS_KEPT = 4096  # named lean allreduces remembered (see Engine._lone_calls)
+_NOT_CACHED = (None, None)
 
 
 def _no_payload(words: int) -> tuple[int, tuple[int, int]]:
@@ -200,8 +201,10 @@ class Engine:
                             self._lone_calls[name] = (fields, h, reducer)
                     outcome, clean = neg.lone_exchange(h, arr, result, reducer, name)
                     if clean:  # is_clean(outcome, h), as the transport found it
-                        # `_settle`, whose flags this call found as it leaves them (under the lock)
-                        neg.remember(name, fields)
+                        # `_settle`, whose flags this call found as it leaves them (under the
+                        # lock); the cache needs nothing when it holds these very fields
+                        if neg.cache.get(name, _NOT_CACHED)[1] is not fields:
+                            neg.remember(name, fields)
                         self._completed += 1
                     else:
                         req = self._lone_outcome(False, outcome, words, h, name, request)
@@ -213,11 +216,11 @@ class Engine:
                 raise
             if clean:
                 # as in execution, an error of the reduction itself is the caller's alone
-                divide = self._average_finish(op)
                 if small:
-                    if divide is not nothing:
-                        divide(result.reshape(-1))
+                    if op == ReduceOp.Average and self.rt.size > 1:
+                        self._average_finish(op)(result.reshape(-1))
                 else:
+                    divide = self._average_finish(op)
                     flat = result.reshape(-1)
                     algorithm = algorithms.choose("allreduce", arr.nbytes, spec, rt=self.rt,
                                                   setting=self.config.algorithm, may_ride_cycle=False)
