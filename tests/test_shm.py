@@ -117,3 +117,31 @@ def test_exchanges_of_one_rank():
     finally:
         seg.close()
         t.free()
+
+
+def test_group_layout_helpers():
+    """What a grouped call's lean path reads its group with (_transport.arrays): the layout
+    only of C-contiguous numpy arrays of one dtype (else the general path), the pieces' byte
+    lengths, and the results as views of one block, refused where they do not fit it. The
+    module's docstring examples run too."""
+    import numpy as np
+    from fastring._transport import arrays, group_of, pieces_of, views_of
+    from conftest import check_doctests
+    check_doctests((arrays,), more_than=3)
+    group = [np.zeros((), np.float32), np.zeros((2, 0)), np.zeros((3, 4), np.float32)]
+    assert group_of(group) is None  # mixed dtypes
+    assert group_of([group[0], group[2]]) == (np.dtype(np.float32), ((), (3, 4)), 52)
+    assert group_of([]) is None and group_of([[1.0]]) is None
+    assert group_of([np.zeros(3, np.float32), np.zeros((4, 4), np.float32).T]) is None
+    addresses, lengths = pieces_of(group)
+    assert lengths.tolist() == [4, 0, 48] and addresses[2] == group[2].ctypes.data
+    assert pieces_of([np.zeros(4)[::2]]) is None and pieces_of([bytearray(4)]) is None
+    block = np.arange(13, dtype=np.float32)
+    views = views_of(block, [group[0], group[2]])
+    assert views[0].shape == () and float(views[0]) == 0.0 and views[1].tolist() == block[1:].reshape(3, 4).tolist()
+    assert views[1].base is block and views[1].flags.writeable
+    for what, call in (("too long", lambda: views_of(block[:12], [group[0], group[2]])),
+                       ("another item size", lambda: views_of(block, [np.zeros(2)])),
+                       ("a strided block", lambda: views_of(np.zeros(26, np.float32)[::2], [group[0]]))):
+        with pytest.raises(ValueError, match="block"):
+            call()

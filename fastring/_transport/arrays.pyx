@@ -2,11 +2,21 @@
 """NumPy arrays as the raw addresses the transport takes: the checks and copies of the
 latency path, cheaper than going through `ndarray.ctypes` or `.flags`."""
 
-from libc.stdint cimport uintptr_t
+from cpython.list cimport PyList_New, PyList_SET_ITEM
+from cpython.ref cimport Py_INCREF
+from cpython.tuple cimport PyTuple_New, PyTuple_SET_ITEM
+from libc.stdint cimport int64_t, uintptr_t
 from libc.string cimport memcpy
+
+import numpy as np
 
 cimport numpy as cnp
 cnp.import_array()
+
+cdef extern from "numpy/arrayobject.h":
+    # steals a reference to `descr`
+    object PyArray_NewFromDescr(type subtype, cnp.dtype descr, int nd, cnp.npy_intp* dims, cnp.npy_intp* strides,
+                                void* data, int flags, object obj)
 
 
 def array_address(cnp.ndarray array not None):
@@ -69,3 +79,93 @@ def scatter_to_arrays(cnp.ndarray flat not None, list arrays not None):
         memcpy(cnp.PyArray_DATA(a), src, cnp.PyArray_NBYTES(a))
         src += cnp.PyArray_NBYTES(a)
     return True
+
+
+def pieces_of(list arrays not None):
+    """(addresses, byte lengths) of `arrays`, two int64 arrays: the pieces an allreduce of
+    the group reads where they lie (`SharedSegment.allreduce_pieces`); or None when any is
+    not a C-contiguous numpy array (then it must be copied into one buffer first).
+
+    Example:
+        >>> import numpy as np
+        >>> a, b = np.zeros(2, np.int32), np.zeros(3)
+        >>> [int(n) for n in pieces_of([a, b])[1]], pieces_of([a, b[::2]])
+        ([8, 24], None)
+    """
+    cdef Py_ssize_t n = len(arrays), i
+    addresses, lengths = np.empty(n, np.int64), np.empty(n, np.int64)
+    cdef int64_t[::1] at = addresses, length = lengths
+    cdef cnp.ndarray a
+    for i in range(n):
+        item = arrays[i]
+        if type(item) is not np.ndarray:
+            return None
+        a = <cnp.ndarray> item
+        if not cnp.PyArray_IS_C_CONTIGUOUS(a):
+            return None
+        at[i] = <int64_t> <uintptr_t> cnp.PyArray_DATA(a)
+        length[i] = cnp.PyArray_NBYTES(a)
+    return addresses, lengths
+
+
+def group_of(list arrays not None):
+    """(dtype, shapes, total bytes) of a group of C-contiguous numpy arrays (exactly
+    np.ndarray) of one dtype, as a plain grouped allreduce needs them; None when any array
+    is not one (the general path checks and explains).
+
+    Example:
+        >>> import numpy as np
+        >>> group_of([np.zeros((2, 3)), np.zeros(4)])
+        (dtype('float64'), ((2, 3), (4,)), 80)
+        >>> group_of([np.zeros(2), np.zeros(2, np.float32)]) is None
+        True
+    """
+    cdef Py_ssize_t n = len(arrays), i, total = 0
+    if n == 0 or type(arrays[0]) is not np.ndarray:
+        return None
+    cdef cnp.PyArray_Descr* dtype = cnp.PyArray_DESCR(<cnp.ndarray> arrays[0])
+    cdef cnp.ndarray a
+    shapes = PyTuple_New(n)
+    for i in range(n):
+        item = arrays[i]
+        if type(item) is not np.ndarray:
+            return None
+        a = <cnp.ndarray> item
+        if not cnp.PyArray_IS_C_CONTIGUOUS(a) or cnp.PyArray_DESCR(a) is not dtype:
+            return None
+        shape = (<object> a).shape
+        Py_INCREF(shape)
+        PyTuple_SET_ITEM(shapes, i, shape)
+        total += cnp.PyArray_NBYTES(a)
+    return <object> dtype, shapes, total
+
+
+def views_of(cnp.ndarray block not None, list arrays not None):
+    """Views of the C-contiguous `block`, one after another, each shaped as the array at the
+    same place in `arrays` (a grouped allreduce's results, in one call).
+
+    Example:
+        >>> import numpy as np
+        >>> views_of(np.arange(5.0), [np.zeros(2), np.zeros((1, 3))])
+        [array([0., 1.]), array([[2., 3., 4.]])]
+    """
+    cdef Py_ssize_t n = len(arrays), i
+    cdef cnp.ndarray a, view
+    cdef cnp.dtype dtype = <cnp.dtype> cnp.PyArray_DESCR(block)
+    cdef char* at = <char*> cnp.PyArray_DATA(block)
+    cdef char* end = at + cnp.PyArray_NBYTES(block)
+    if not cnp.PyArray_IS_C_CONTIGUOUS(block):
+        raise ValueError("views_of needs a C-contiguous block")
+    views = PyList_New(n)
+    for i in range(n):
+        a = <cnp.ndarray?> arrays[i]
+        if cnp.PyArray_ITEMSIZE(a) != cnp.PyArray_ITEMSIZE(block) or at + cnp.PyArray_NBYTES(a) > end:
+            raise ValueError("the arrays do not fit the block")
+        Py_INCREF(dtype)  # PyArray_NewFromDescr takes a reference to the dtype
+        view = PyArray_NewFromDescr(np.ndarray, dtype, cnp.PyArray_NDIM(a), cnp.PyArray_DIMS(a), NULL,
+                                    at, cnp.NPY_ARRAY_CARRAY, None)
+        cnp.set_array_base(view, block)
+        Py_INCREF(view)
+        PyList_SET_ITEM(views, i, view)
+        at += cnp.PyArray_NBYTES(a)
+    return views

@@ -68,8 +68,8 @@ from .cycle cimport HASH, HEADER_WORDS, PAYLOAD_BYTES, block_bytes, combine_bloc
 from .mpi cimport Link, TransportBase, back_off, now, reduce_fn_t
 
 from .._core.config import (SHM_ACTIVE_SPIN_SECONDS, SHM_ALLREDUCE_SINGLE_COPY_BYTES, SHM_HOT_SPIN_SECONDS,
-                            SHM_SINGLE_COPY_BYTES, SHM_SINGLE_COPY_CHUNK_BYTES, SHM_STREAM_EXCHANGE_LEAD_PIECES,
-                            SHM_STREAM_EXCHANGE_MAX_BYTES,
+                            SHM_PIECES_ROUND_BYTES, SHM_SINGLE_COPY_BYTES, SHM_SINGLE_COPY_CHUNK_BYTES,
+                            SHM_STREAM_EXCHANGE_LEAD_PIECES, SHM_STREAM_EXCHANGE_MAX_BYTES,
                             SHM_STREAM_LARGE_PIECE_BYTES, SHM_STREAM_PIECE_BYTES,
                             SHM_STREAMING_STORE_BYTES, WAIT_CYCLE_SPIN_SECONDS)
 from .._core.errors import FastringError
@@ -166,6 +166,64 @@ cdef double _CYCLE_SPIN = WAIT_CYCLE_SPIN_SECONDS
 cdef double _HOT_SPIN = SHM_HOT_SPIN_SECONDS
 cdef double _ACTIVE_SPIN = SHM_ACTIVE_SPIN_SECONDS
 cdef int64_t _EXCHANGE_LEAD = SHM_STREAM_EXCHANGE_LEAD_PIECES
+cdef int64_t _PIECES_ROUND = SHM_PIECES_ROUND_BYTES
+
+
+cdef struct Pieces:
+    # An input given as pieces that lie apart (each tensor of a group where it is), read as if
+    # they were one buffer: at[i] is the address of piece i, bytes[i] its length; a walk keeps
+    # the piece it stands in (i, starting at byte `start` of the whole), so that the walks of
+    # a call, which go forward, cost one step per piece.
+    const int64_t* at
+    const int64_t* bytes
+    int64_t count
+    int64_t i
+    int64_t start
+
+
+cdef inline void _seek(Pieces* p, int64_t offset) noexcept nogil:
+    """Stand `p` in the piece that holds byte `offset` (past its zero-length pieces)."""
+    if offset < p.start:
+        p.i, p.start = 0, 0
+    while p.i < p.count and p.start + p.bytes[p.i] <= offset:
+        p.start += p.bytes[p.i]
+        p.i += 1
+
+
+cdef void _gather(Pieces* p, char* dst, int64_t offset, int64_t nbytes) noexcept nogil:
+    """Copy bytes offset .. offset + nbytes of the pieces, as one buffer, to `dst`."""
+    cdef int64_t inside, m
+    _seek(p, offset)
+    while nbytes > 0:
+        inside = offset - p.start
+        m = min(nbytes, p.bytes[p.i] - inside)
+        memcpy(dst, <char*> p.at[p.i] + inside, m)
+        dst += m
+        offset += m
+        nbytes -= m
+        _seek(p, offset)
+
+
+cdef void _reduce_pieces(Pieces* p, char* acc, int64_t offset, int64_t nbytes, reduce_fn_t reduce,
+                         int64_t itemsize) noexcept nogil:
+    """acc = acc op (bytes offset .. offset + nbytes of the pieces); every piece is a whole
+    number of items."""
+    cdef int64_t inside, m
+    _seek(p, offset)
+    while nbytes > 0:
+        inside = offset - p.start
+        m = min(nbytes, p.bytes[p.i] - inside)
+        reduce(acc, <char*> p.at[p.i] + inside, m // itemsize)
+        acc += m
+        offset += m
+        nbytes -= m
+        _seek(p, offset)
+
+
+cdef inline int64_t _part_start(int r, int n, int64_t count) noexcept nogil:
+    """Where rank r's part of `count` items split between n ranks starts (the first
+    count % n ranks take one more)."""
+    return r * (count // n) + min(r, count % n)
 
 
 ctypedef void (*finish_fn_t)(void* dst, int64_t count, int64_t divisor, double factor) noexcept nogil
@@ -671,24 +729,12 @@ cdef class SharedSegment:
             self._raise_copy_error(err)
         return "one step" if one_step else "single copy" if single else "rounds"
 
-    def staging(self, int64_t nbytes):
-        """This rank's buffer for the next data round, as `nbytes` bytes (a uint8 array over
-        the segment), or None when an allreduce of `nbytes` would not read its input from one
-        buffer (more than a buffer, or by single copy). An allreduce whose `src` is this view,
-        filled before the call and with nothing else through the segment in between, skips
-        copying its input in: a fused batch is gathered straight into the segment. The view is
-        valid until that call."""
-        self._check()
-        if nbytes <= 0 or nbytes > self.tile or self._single_copy(nbytes, self.allreduce_single_copy_bytes):
-            return None
-        return np.asarray(<unsigned char[:nbytes]> <unsigned char*> self._data(self.rank, self.data_rounds))
-
     cdef int _one_step(self, char* src, char* dst, int64_t nbytes, reduce_fn_t reduce,
                        int64_t itemsize) except -1 nogil:
         cdef uint64_t round_ = self.data_rounds
         cdef int r
         self.data_rounds += 1
-        if src != self._data(self.rank, round_):  # else staged there (`staging`)
+        if src != self._data(self.rank, round_):  # else gathered there (`allreduce_pieces`)
             memcpy(self._data(self.rank, round_), src, nbytes)
         self._data_arrive()
         memcpy(dst, self._data(0, round_), nbytes)
@@ -747,6 +793,101 @@ cdef class SharedSegment:
                     lo = r * base + min(r, extra)
                     hi = lo + base + (1 if r < extra else 0)
                     memcpy(d + lo * itemsize, self._data(r, round_) + lo * itemsize, (hi - lo) * itemsize)
+            done += c
+        return 0
+
+    def allreduce_pieces(self, const int64_t[::1] addresses, const int64_t[::1] lengths, uintptr_t dst,
+                         uintptr_t reduce_fn, int64_t itemsize, bint one_step, uintptr_t finish_fn=0,
+                         int64_t divisor=1, double factor=1.0):
+        """`allreduce` of an input that lies in pieces (each tensor of a group where it is:
+        lengths[i] bytes at addresses[i], each a whole number of items), read as their
+        concatenation, into `dst` (contiguous, their total bytes; it may hold the pieces
+        themselves at the same offsets). Nothing is gathered first: `one_step` (the total must
+        fit one buffer) copies the pieces into this rank's buffer as `allreduce` copies its
+        input; otherwise, in rounds of SHM_PIECES_ROUND_BYTES, each rank copies only the parts
+        the others reduce into its buffer and reduces its own part reading its pieces where
+        they lie (in rank order, as every path: the same bits). Returns False, having done
+        nothing, where `allreduce` would copy between the ranks' memories instead (from
+        SHM_ALLREDUCE_SINGLE_COPY_BYTES)."""
+        self._check()
+        cdef int64_t count = addresses.shape[0], nbytes = 0, i
+        if lengths.shape[0] != count:
+            raise ValueError(f"{count} addresses but {lengths.shape[0]} lengths")
+        if itemsize <= 0:
+            raise ValueError(f"itemsize must be positive, got {itemsize}")
+        for i in range(count):
+            if lengths[i] < 0 or lengths[i] % itemsize:
+                raise ValueError(f"piece {i} has {lengths[i]} bytes, not a whole number of {itemsize}-byte items")
+            nbytes += lengths[i]
+        if one_step and nbytes > self.tile:
+            raise ValueError(f"a one-step allreduce must fit in {self.tile} bytes, got {nbytes}")
+        if self._single_copy(nbytes, self.allreduce_single_copy_bytes):
+            return False
+        if nbytes == 0:
+            return True
+        cdef Pieces p
+        p.at, p.bytes, p.count, p.i, p.start = &addresses[0], &lengths[0], count, 0, 0
+        self.finish = <finish_fn_t> finish_fn
+        self.finish_divisor, self.finish_factor = divisor, factor
+        try:
+            with nogil:
+                if one_step:
+                    _gather(&p, self._data(self.rank, self.data_rounds), 0, nbytes)
+                    self._one_step(self._data(self.rank, self.data_rounds), <char*> dst, nbytes,
+                                   <reduce_fn_t> reduce_fn, itemsize)
+                else:
+                    self._pieces_rounds(&p, <char*> dst, nbytes, <reduce_fn_t> reduce_fn, itemsize,
+                                        min(_PIECES_ROUND, self.tile))
+        except BaseException:
+            self._failed()
+            raise
+        return True
+
+    cdef int _pieces_rounds(self, Pieces* p, char* dst, int64_t nbytes, reduce_fn_t reduce,
+                            int64_t itemsize, int64_t round_bytes) except -1 nogil:
+        """`_rounds` whose input is `p`, in rounds of `round_bytes`: each rank's part of a
+        round is reduced by that rank, published in its buffer and copied from there by the
+        others after the second barrier."""
+        cdef int n = self.size, me = self.rank, r
+        cdef int64_t per_round = max(n, round_bytes // itemsize), total = nbytes // itemsize
+        cdef int64_t sub = max(1, SUB_BYTES // itemsize), done = 0, c, off, end, k
+        cdef uint64_t round_
+        cdef char* mine
+        cdef char* acc
+        while done < total:
+            c = min(per_round, total - done)
+            round_ = self.data_rounds
+            self.data_rounds += 1
+            mine = self._data(me, round_)
+            for r in range(n):  # the others' parts, for them to reduce
+                off, end = _part_start(r, n, c), _part_start(r + 1, n, c)
+                if r != me and end > off:
+                    _gather(p, mine + off * itemsize, (done + off) * itemsize, (end - off) * itemsize)
+            self._data_arrive()
+            off, end = _part_start(me, n, c), _part_start(me + 1, n, c)
+            while off < end:
+                # piece by piece while in L1: accumulated in this rank's buffer (where the
+                # others copy it from), then copied into `dst`
+                k = min(sub, end - off)
+                acc = mine + off * itemsize
+                if me == 0:
+                    _gather(p, acc, (done + off) * itemsize, k * itemsize)
+                else:
+                    memcpy(acc, self._data(0, round_) + off * itemsize, k * itemsize)
+                for r in range(1, n):
+                    if r == me:
+                        _reduce_pieces(p, acc, (done + off) * itemsize, k * itemsize, reduce, itemsize)
+                    else:
+                        reduce(acc, self._data(r, round_) + off * itemsize, k)
+                self._finish_piece(acc, k)
+                memcpy(dst + (done + off) * itemsize, acc, k * itemsize)
+                off += k
+            self._data_arrive()
+            for r in range(n):  # the others' reduced parts
+                off, end = _part_start(r, n, c), _part_start(r + 1, n, c)
+                if r != me and end > off:
+                    memcpy(dst + (done + off) * itemsize, self._data(r, round_) + off * itemsize,
+                           (end - off) * itemsize)
             done += c
         return 0
 

@@ -33,10 +33,25 @@ class SharedMemory:
     available = accepts
 
     @staticmethod
-    def staging(rt, nbytes: int):
-        """Where a caller may gather a batch's `nbytes` of input for `run` to read as its `src`
-        without copying it in (this rank's next buffer of the segment), or None."""
-        return rt.shm.staging(nbytes)
+    def run_pieces(rt, r: Reduction, addresses, lengths) -> bool:
+        """`run` of an input that lies in pieces (a group's tensors where they are: `lengths`
+        bytes at `addresses`, int64 arrays, which `r.flat` receives one after another) read
+        where they lie, without gathering them into one buffer first. Returns False, having
+        done nothing, where the segment would not read them so (`run` must take a gathered
+        copy then)."""
+        flat, spec = r.flat, r.spec
+        one_step = flat.nbytes <= min(SHM_ONE_STEP_BYTES, rt.shm.tile_bytes)
+        finish = r.finalize
+        fused = isinstance(finish, Finish)  # finished piece by piece where reduced, in cache
+        finishing = (kernels.finish_cfunc(spec.dtype), finish.divisor, finish.factor) if fused else ()
+        with r.phase("shm-allreduce"):
+            if not rt.shm.allreduce_pieces(addresses, lengths, array_address(flat),
+                                           kernels.reduce_cfunc(KERNEL_OP[r.op], spec.dtype), spec.dtype.itemsize,
+                                           one_step, *finishing):
+                return False
+            if not fused:
+                finish(flat)
+        return True
 
     @staticmethod
     def run(rt, r: Reduction) -> None:

@@ -13,9 +13,11 @@ from .._core.compression import Compression, Compressor, as_compressor
 from .._core.device import is_device_tensor
 from .._core.dtypes import SUPPORTED, DtypeSpec, spec_of
 from .._core.ops import OP_NAMES, ReduceOp, as_reduce_op
-from .._core.runtime import Runtime
+from .._core.runtime import Runtime, runtime
 from .._core.tensor import as_array, host_view, like
 from .._core.work import AllreduceWork, Entry
+from .._transport import group_of
+from ..algorithms import InCycle
 from ..engine import Handle, Request
 from .process_sets import global_rank, runtime_of
 from .validation import check_op_for_dtype, entry, factor, is_automatic, request_name
@@ -58,7 +60,8 @@ def _fields(kind: str, spec: DtypeSpec, shapes: tuple, op: ReduceOp, prescale: f
     return fields
 
 
-# (dtype, shape, op) -> (spec, fields) of a plain allreduce, for _plain_plan
+# (dtype, shape, op), and for a grouped one (dtype, shapes, op, kind) -> (spec, fields) of a plain
+# allreduce, for _plain_plan and _plan
 _PLANS: dict[tuple, tuple] = {}
 
 
@@ -66,13 +69,19 @@ def _plain_plan(arr: np.ndarray, op: ReduceOp) -> tuple[DtypeSpec, tuple] | None
     """(spec, fields) of a plain (no compression, no scale factors) allreduce of `arr` that
     passes every check as it is, or None where the general path must look (an error, or an
     Average that is not a plain sum then division). One lookup per call on the hot paths."""
-    key = (arr.dtype, arr.shape, op)
+    plan = _PLANS.get((arr.dtype, arr.shape, op))
+    return plan if plan is not None else _plan("allreduce", arr.dtype, arr.shape, op)
+
+
+def _plan(kind: str, dtype: np.dtype, shape: tuple, op: ReduceOp) -> tuple[DtypeSpec, tuple] | None:
+    """`_plain_plan` of a `kind` of allreduce (a grouped one: `shape` holds every shape)."""
+    key = (dtype, shape, op) if kind == "allreduce" else (dtype, shape, op, kind)
     plan = _PLANS.get(key)
     if plan is None:
-        spec = SUPPORTED.get(arr.dtype)
+        spec = SUPPORTED.get(dtype)
         if spec is None or (op == ReduceOp.Average and (not spec.is_float or spec.is_16bit_float)):
             return None
-        plan = (spec, _fields("allreduce", spec, arr.shape, op, 1.0, 1.0, Compression.none))
+        plan = (spec, _fields(kind, spec, shape, op, 1.0, 1.0, Compression.none))
         if len(_PLANS) < 1024:
             _PLANS[key] = plan
     return plan
@@ -85,12 +94,32 @@ def _lone_allreduce(arr: np.ndarray, op: ReduceOp, name: str | None, out: np.nda
     plan = _plain_plan(arr, op)
     if plan is None:
         return None
-    rt = runtime_of(process_set)
+    rt = runtime() if process_set is None else runtime_of(process_set)
 
     def request(assigned: str) -> Request:
         return _allreduce_request(rt, "allreduce", [arr], [out], op, assigned,
                                   Compression.none, 1.0, 1.0, grouped=False)[1]
     return rt.engine.lone_allreduce(arr, plan[0], op, name, plan[1], out, request)
+
+
+def _lone_grouped(tensors: list, op: ReduceOp, name: str | None, process_set=None) -> list | None:
+    """The lean path of a plain grouped allreduce of numpy arrays (`Engine.lone_grouped`: no
+    Request, no entry per tensor, the arrays reduced where they lie). Returns None where the
+    general path must take the call: other tensor types, mixed dtypes, a group small enough
+    to ride its negotiation cycle, anything the checks must look at."""
+    group = group_of(tensors)
+    if group is None or InCycle.fits(group[2]):
+        return None
+    dtype, shapes, nbytes = group
+    plan = _plan("grouped_allreduce", dtype, shapes, op)
+    if plan is None:
+        return None
+    rt = runtime_of(process_set)
+
+    def request(assigned: str) -> Request:
+        return _allreduce_request(rt, "grouped_allreduce", tensors, [None] * len(tensors), op, assigned,
+                                  Compression.none, 1.0, 1.0, grouped=True)[1]
+    return rt.engine.lone_grouped(tensors, plan[0], op, name, plan[1], nbytes, request)
 
 
 def _host_view(tensor) -> np.ndarray | None:
@@ -234,6 +263,12 @@ def grouped_allreduce(tensors: Sequence, op: ReduceOp = ReduceOp.Average, *, nam
         [array([1., 1.]), array([1.])]
     """
     tensors = _tensor_list(tensors)
+    if (type(op) is ReduceOp and compression is Compression.none and (name is None or type(name) is str)
+            and type(prescale_factor) is float and prescale_factor == 1.0
+            and type(postscale_factor) is float and postscale_factor == 1.0):
+        results = _lone_grouped(tensors, op, name, process_set)
+        if results is not None:
+            return results
     engine, request = _allreduce_request(runtime_of(process_set), "grouped_allreduce", tensors,
                                          [None] * len(tensors), op, name, compression, prescale_factor,
                                          postscale_factor, grouped=True)

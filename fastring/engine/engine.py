@@ -35,7 +35,7 @@ from .._core.errors import FastringError
 from .._core.ops import ReduceOp
 from .._core.work import AllreduceWork, Entry, Finish, finalizer, nothing, pack, predivides
 from .._transport import (SPECULATION_FAILED, copy_from_array, copy_to_array, exit_unless_gone_within,
-                          is_c_contiguous, is_writable_c_contiguous)
+                          is_c_contiguous, is_writable_c_contiguous, views_of)
 from .fusion import Executor
 from .negotiation import (HAS_UNCACHED, LEAVING, LEFT_RANK_SHIFT, NO_PAYLOAD, WANT_REPORT, Negotiation,
                           describe_mismatch, is_clean, leaving_flags, ranks_leaving)
@@ -44,6 +44,9 @@ from .stall import DataStallReporter, StallReporter, stall_error, stall_interval
 from .timeline import Timeline
 
 log = logging.getLogger("fastring")
+_fits_cycle = algorithms.InCycle.fits
+LONE_CALLS_KEPT = 4096  # named lean allreduces remembered (see Engine._lone_calls)
+_NOT_CACHED = (None, None)
 
 
 def _no_payload(words: int) -> tuple[int, tuple[int, int]]:
@@ -67,6 +70,9 @@ class Engine:
         self._join_handle: Handle | None = None  # set while this rank has joined
         self._join_order: list[int] = []
         self._pending: dict[str, Request] = {}
+        # name -> (fields, signature hash, reducer) of a lean allreduce: one lookup a call when
+        # the name comes back with the very same fields object (the api's plans hand it out)
+        self._lone_calls: dict[str, tuple] = {}
         self._noname: dict = {}  # kind (main thread) or (thread name, kind) -> next number
         self._keep_cycling = False   # some rank still had work after the last cycle
         self._speculate = True
@@ -183,31 +189,38 @@ class Engine:
                 name = name or self.auto_name("allreduce")
                 neg = self._neg
                 words = neg.words
-                small = algorithms.InCycle.fits(arr.nbytes)
+                small = _fits_cycle(arr.nbytes)
                 result = _pool.empty(arr.shape, arr.dtype) if out is None else out
                 if small:
-                    h = neg.signature_hash(name, fields)
-                    outcome, clean = neg.lone_exchange(h, arr, result, neg.reducer(op, arr.dtype), name)
+                    known = self._lone_calls.get(name)
+                    if known is not None and known[0] is fields:
+                        h, reducer = known[1], known[2]
+                    else:
+                        h, reducer = neg.signature_hash(name, fields), neg.reducer(op, arr.dtype)
+                        if ".noname." not in name and len(self._lone_calls) < LONE_CALLS_KEPT:
+                            self._lone_calls[name] = (fields, h, reducer)
+                    outcome, clean = neg.lone_exchange(h, arr, result, reducer, name)
                     if clean:  # is_clean(outcome, h), as the transport found it
-                        self._settle(name, fields)
+                        # `_settle`, whose flags this call found as it leaves them (under the
+                        # lock); the cache needs nothing when it holds these very fields
+                        if neg.cache.get(name, _NOT_CACHED)[1] is not fields:
+                            neg.remember(name, fields)
+                        self._completed += 1
+                    else:
+                        req = self._lone_outcome(False, outcome, words, h, name, request)
                 else:
-                    clean, outcome, words, h = self._speculate_alone(name, fields, _no_payload)
-                if clean:
-                    self._completed += 1
-                else:
-                    req = request(name)
-                    req.signature_hash = h
-                    self._lone_failed(req, outcome, words)
+                    req = self._speculate_lone(name, fields, request)
+                    clean = req is None
             except BaseException as e:  # noqa: BLE001 - every waiter must hear of it
                 self._abandon(e)
                 raise
             if clean:
                 # as in execution, an error of the reduction itself is the caller's alone
-                divide = Finish(self.rt.size, 1.0) if op == ReduceOp.Average and self.rt.size > 1 else nothing
                 if small:
-                    if divide is not nothing:
-                        divide(result.reshape(-1))
+                    if op == ReduceOp.Average and self.rt.size > 1:
+                        self._average_finish(op)(result.reshape(-1))
                 else:
+                    divide = self._average_finish(op)
                     flat = result.reshape(-1)
                     algorithm = algorithms.choose("allreduce", arr.nbytes, spec, rt=self.rt,
                                                   setting=self.config.algorithm, may_ride_cycle=False)
@@ -218,6 +231,56 @@ class Engine:
         finally:
             self._cycle_lock.release()
         return self._wait_queued(req)
+
+    def lone_grouped(self, arrays: list, spec: DtypeSpec, op: ReduceOp, name: str | None, fields: tuple,
+                     nbytes: int, request: Callable[[str], Request]) -> list | None:
+        """A synchronous plain grouped host allreduce (`arrays`: C-contiguous numpy arrays of
+        `spec`'s dtype, `nbytes` in all, too many to ride a cycle; `fields` as the general
+        path would build them) while nothing is queued here: `_speculate_alone`, then the
+        group reduced from where its arrays lie into one block whose views are the results,
+        with no Request nor an entry per tensor unless the ranks disagree (`request(name)`
+        builds it then). Returns the results, or None when the general path must take the
+        call; nothing has happened then."""
+        if not self._idle():
+            return None
+        self._cycle_lock.acquire()  # nothing is queued: whoever holds it lets go within a cycle
+        try:
+            if self._pending or self._keep_cycling:
+                return None
+            name = name or self.auto_name("grouped_allreduce")
+            try:
+                req = self._speculate_lone(name, fields, request)
+            except BaseException as e:  # noqa: BLE001 - every waiter must hear of it
+                self._abandon(e)
+                raise
+            if req is None:  # clean; an error of the reduction itself is the caller's alone
+                block = _pool.empty((nbytes // spec.dtype.itemsize,), spec.dtype)
+                self._executor.reduce_group(name, arrays, block, spec, op, self._average_finish(op))
+                return views_of(block, arrays)
+        finally:
+            self._cycle_lock.release()
+        return self._wait_queued(req)
+
+    def _lone_outcome(self, clean: bool, outcome: tuple, words: int, h: int, name: str,
+                      request: Callable[[str], Request]) -> Request | None:
+        """After a lean call's cycle: counted done when clean; otherwise its Request, built now
+        (`request(name)`), acts on the outcome like any cycle's and is returned."""
+        if clean:
+            self._completed += 1
+            return None
+        req = request(name)
+        req.signature_hash = h
+        self._lone_failed(req, outcome, words)
+        return req
+
+    def _speculate_lone(self, name: str, fields: tuple, request: Callable[[str], Request]) -> Request | None:
+        """A lean call's speculation cycle, with no payload, then `_lone_outcome`."""
+        clean, outcome, words, h = self._speculate_alone(name, fields, _no_payload)
+        return self._lone_outcome(clean, outcome, words, h, name, request)
+
+    def _average_finish(self, op: ReduceOp):
+        """What a lean call runs on its reduced values: Average's division, or nothing."""
+        return Finish(self.rt.size, 1.0) if op == ReduceOp.Average and self.rt.size > 1 else nothing
 
     def _speculate_alone(self, name: str, fields: tuple, write_payload) -> tuple[bool, tuple, int, int]:
         """The one speculation step: a cycle in which this rank proposes (name, fields) and

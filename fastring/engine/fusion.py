@@ -11,7 +11,7 @@ from .. import algorithms, kernels
 from .._core.config import FUSION_MAX_TENSOR_BYTES
 from .._core.residuals import Residuals
 from .._core.work import AllreduceWork, finalizer, nothing, pack, predivides, prescale, unpack
-from .._transport import is_c_contiguous, scatter_to_arrays
+from .._transport import is_c_contiguous, pieces_of, scatter_to_arrays
 from .request import Request
 
 Complete = Callable[..., None]  # complete(request, result=None, error=None)
@@ -96,22 +96,21 @@ class Executor:
             return
         own = work.own_buffer() if len(batch) == 1 else None
         if own is not None and own.dtype == work.accumulator and not work.splits_average:
-            src = self._unscaled_source(work, algorithm)
-            staged = self._staging(algorithm, own) if work.block is not None and _plain(work, self.rt.size) else None
-            if staged is not None:
-                with self.timeline.span(names, "pack"):
-                    np.concatenate([e.src for e in work.entries], axis=None, out=staged)
-                src = staged
-            elif src is None:
-                with self.timeline.span(names, "pack"):
-                    if work.block is not None:
-                        # one memcpy-speed call; a loop of np.copyto costs twice as much at 100 tensors
-                        np.concatenate([e.src for e in work.entries], axis=None, out=own)
-                    elif work.entries[0].src is not work.entries[0].work:
-                        np.copyto(work.entries[0].work, work.entries[0].src)
-                    prescale(work, own, self.rt.size)
-                    self._feed_back_error(batch[0], own)
-            self.reduce(algorithm, names, own, work, src)
+            if not (work.block is not None and _plain(work, self.rt.size)
+                    and hasattr(algorithm, "run_pieces")
+                    and self._reduce_pieces(algorithm, self._plain_reduction(names, own, work),
+                                            [e.src for e in work.entries])):
+                src = self._unscaled_source(work, algorithm)
+                if src is None:
+                    with self.timeline.span(names, "pack"):
+                        if work.block is not None:
+                            # one memcpy-speed call; a loop of np.copyto costs twice as much at 100 tensors
+                            np.concatenate([e.src for e in work.entries], axis=None, out=own)
+                        elif work.entries[0].src is not work.entries[0].work:
+                            np.copyto(work.entries[0].work, work.entries[0].src)
+                        prescale(work, own, self.rt.size)
+                        self._feed_back_error(batch[0], own)
+                self.reduce(algorithm, names, own, work, src)
             for e in work.entries:
                 if e.target is not e.work:
                     np.copyto(e.target, e.work)
@@ -125,18 +124,20 @@ class Executor:
         # pack() per tensor costs microseconds each in Python.
         plain = (in_own_dtype and _plain(work, self.rt.size)
                  and all(len(r.allreduce.entries) == 1 for r in batch))
-        staged = self._staging(algorithm, flat) if plain else None
-        with self.timeline.span(names, "pack"):
-            if plain:
-                np.concatenate([r.allreduce.entries[0].src for r in batch], axis=None,
-                               out=flat if staged is None else staged)
-            else:
-                offset = 0
-                for r, n in zip(batch, counts):
-                    pack(r.allreduce, flat[offset:offset + n], self.rt.size)
-                    self._feed_back_error(r, flat[offset:offset + n])
-                    offset += n
-        self.reduce(algorithm, names, flat, work, staged)
+        # (the Reduction and the list of inputs are built only for an algorithm that reads pieces)
+        if not (plain and hasattr(algorithm, "run_pieces")
+                and self._reduce_pieces(algorithm, self._plain_reduction(names, flat, work),
+                                        [r.allreduce.entries[0].src for r in batch])):
+            with self.timeline.span(names, "pack"):
+                if plain:
+                    np.concatenate([r.allreduce.entries[0].src for r in batch], axis=None, out=flat)
+                else:
+                    offset = 0
+                    for r, n in zip(batch, counts):
+                        pack(r.allreduce, flat[offset:offset + n], self.rt.size)
+                        self._feed_back_error(r, flat[offset:offset + n])
+                        offset += n
+            self.reduce(algorithm, names, flat, work)
         if plain and not self.timeline.recording and scatter_to_arrays(
                 flat, [r.allreduce.entries[0].work for r in batch]):
             # the plain batch unpacks in one call too: a copy per tensor costs a microsecond
@@ -160,12 +161,30 @@ class Executor:
             self._fusion = np.empty(nbytes, np.uint8)
         return self._fusion[:nbytes].view(dtype)
 
-    def _staging(self, algorithm, flat: np.ndarray) -> np.ndarray | None:
-        """Where `algorithm` reads a batch's input as its `src` without copying it in (the
-        segment's buffer: `SharedMemory.staging`), as `flat`'s dtype and size; None if nowhere."""
-        staging = getattr(algorithm, "staging", None)
-        view = staging(self.rt, flat.nbytes) if staging is not None else None
-        return None if view is None else view.view(flat.dtype)
+    def reduce_group(self, name: str, inputs: list, flat: np.ndarray, spec, op, finalize) -> None:
+        """Allreduce the plain `inputs` (C-contiguous arrays of `spec`'s dtype) into `flat`,
+        one after another: read where they lie where the algorithm can, else gathered into
+        `flat` first. A group's whole data phase, for the engine's lean grouped call."""
+        algorithm = algorithms.choose("allreduce", flat.nbytes, spec, rt=self.rt, setting=self.config.algorithm,
+                                      may_ride_cycle=False)
+        self.running = (f"allreduce ({algorithm.name})", [name])  # for a stall's message
+        reduction = algorithms.Reduction(flat, spec, op, finalize, self.phase([name]))
+        if not self._reduce_pieces(algorithm, reduction, inputs):
+            np.concatenate(inputs, axis=None, out=flat)
+            algorithm.run(self.rt, reduction)
+
+    def _reduce_pieces(self, algorithm, reduction: algorithms.Reduction, inputs: list) -> bool:
+        """Run `reduction` of a plain batch whose `inputs` lie apart, reading them where they
+        lie (`SharedMemory.run_pieces`: no copy into one buffer first); False, having done
+        nothing, where `algorithm` cannot."""
+        run_pieces = getattr(algorithm, "run_pieces", None)
+        pieces = pieces_of(inputs) if run_pieces is not None else None
+        return pieces is not None and run_pieces(self.rt, reduction, *pieces)
+
+    def _plain_reduction(self, names, flat: np.ndarray, work: AllreduceWork) -> algorithms.Reduction:
+        """The Reduction of a plain batch (`_plain`) of `work`'s key into `flat`."""
+        return algorithms.Reduction(flat, work.reduced_spec, work.reduce_op, finalizer(work, self.rt.size) or nothing,
+                                    self.phase(names))
 
     def _unscaled_source(self, work: AllreduceWork, algorithm) -> np.ndarray | None:
         """The input a lone allreduce is reduced from where it lies (the ring and the

@@ -209,7 +209,7 @@ class Negotiation:
         header[2] = payload_nbytes
         self.stall_reporter.names = names
         outcome = self._cycle_exchange(
-            self.block_address, words, SMALL_MESSAGE_BYTES, self._block_tmp_address, *reducer,
+            self.block_address, words, SMALL_MESSAGE_BYTES, self._block_tmp_address, reducer[0], reducer[1],
             self.stall_reporter.interval, self.stall_reporter)
         if self._watch_abandon:
             self.check_abandoned()
@@ -244,7 +244,7 @@ class Negotiation:
         # With an abandon to watch for, the result waits in the block until the check is done:
         # a cycle completed with an abandoned rank's leftovers must not touch the caller's array.
         outcome, clean = self._lone_cycle(self.block_address, words, SMALL_MESSAGE_BYTES, self._block_tmp_address,
-                                          *reducer, reporter.interval, reporter, h, src,
+                                          reducer[0], reducer[1], reporter.interval, reporter, h, src,
                                           None if self._watch_abandon else dst)
         self._note_bits(outcome, words)
         if self._watch_abandon:

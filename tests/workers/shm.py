@@ -33,14 +33,15 @@ import numpy as np
 
 import _common as c
 import fastring
-from fastring._core.config import (SHM_ONE_STEP_BYTES, SHM_SINGLE_COPY_CHUNK_BYTES, SHM_STREAM_EXCHANGE_MAX_BYTES,
-                                   SHM_STREAM_LARGE_PIECE_BYTES, SHM_STREAM_PIECE_BYTES, SHM_STREAMING_STORE_BYTES,
-                                   SHM_TILE_BYTES)
+from fastring._core.config import (SHM_ONE_STEP_BYTES, SHM_PIECES_ROUND_BYTES, SHM_SINGLE_COPY_CHUNK_BYTES,
+                                   SHM_STREAM_EXCHANGE_MAX_BYTES, SHM_STREAM_LARGE_PIECE_BYTES, SHM_STREAM_PIECE_BYTES,
+                                   SHM_STREAMING_STORE_BYTES, SHM_TILE_BYTES)
 from fastring._core.runtime import runtime
 from fastring._transport import CYCLE_HEADER_WORDS, SPECULATION_FAILED, array_address
 from fastring._transport.shm import copy_streaming
 from fastring import kernels
 from fastring.algorithms.shm import SharedMemory
+from fastring.engine.engine import Engine
 from fastring._core.ops import KERNEL_OP
 
 case = sys.argv[1]
@@ -407,18 +408,73 @@ def unstreamed(check, tag):
 shm = rt.shm
 sum_f64 = kernels.reduce_cfunc(KERNEL_OP[fastring.Sum], np.dtype(np.float64))
 sum_f32 = kernels.reduce_cfunc(KERNEL_OP[fastring.Sum], np.dtype(np.float32))
-# staging: this rank's next buffer, from which an allreduce reads its input without copying
-# it in (one step, and one round of the rounds); none where single copy would run.
 sum_i32 = kernels.reduce_cfunc(KERNEL_OP[fastring.Sum], np.dtype(np.int32))
-for count in (1000, SHM_TILE_BYTES // 4 - 5):
-    view = shm.staging(count * 4).view(np.int32)
-    view[:] = np.arange(count, dtype=np.int32) * (R + 1) - R
-    out = np.full(count, -1, np.int32)
-    shm.allreduce(array_address(view), array_address(out), count * 4, sum_i32, 4, count * 4 <= SHM_ONE_STEP_BYTES)
-    c.check_close(f"staged n={count}", out, np.arange(count, dtype=np.int32) * (N * (N + 1) // 2) - N * (N - 1) // 2, 0)
-shm.allreduce_single_copy_bytes = 1 << 20
-c.CHECKS.check(shm.staging(1 << 20) is None and shm.staging((1 << 20) - 4) is not None,
-               "staging offered a buffer to a single-copy allreduce")
+
+
+def pieces_allreduce(dtype, lengths, tag, one_step=False):
+    """`allreduce_pieces`: an input that lies in pieces (a group's tensors where they are),
+    read as their concatenation with no gathering copy, into a separate block and in place
+    (the pieces are the block's own slices). On data that rounds (float32), bit for bit the
+    reduction in rank order on every rank; integers exactly."""
+    fn = kernels.reduce_cfunc(KERNEL_OP[fastring.Sum], dtype)
+    total = sum(lengths)
+    if dtype.kind == "f":
+        inputs = [np.random.default_rng([900 + total, r]).standard_normal(total).astype(dtype) for r in range(N)]
+    else:
+        inputs = [c.rank_input(dtype, total, r, 900 + total % 97) for r in range(N)]
+    expected = inputs[0].copy()
+    for x in inputs[1:]:
+        expected += x  # in the inputs' dtype, in rank order: one rounding per step, as the reducers do
+    if dtype.kind == "f":
+        exact = np.add.reduce([x.astype(np.longdouble) for x in inputs])
+        c.CHECKS.check(np.any(expected != exact), f"{tag}: the data does not round")
+    bounds = np.cumsum([0] + list(lengths))
+    pieces = [inputs[R][bounds[i]:bounds[i + 1]].copy() for i in range(len(lengths))]  # each apart
+    addresses = np.array([array_address(p) for p in pieces], np.int64)
+    sizes = np.array([p.nbytes for p in pieces], np.int64)
+    out = np.full(total, -1, dtype)
+    c.CHECKS.check(shm.allreduce_pieces(addresses, sizes, array_address(out), fn, dtype.itemsize, one_step),
+                   f"{tag}: declined")
+    c.check_close(tag, out, expected, 0)
+    c.check_identical(tag, out)
+    for i, p in enumerate(pieces):
+        c.check_close(f"{tag}: input {i} left alone", p, inputs[R][bounds[i]:bounds[i + 1]], 0)
+    block = inputs[R].copy()
+    views = np.array([array_address(block[bounds[i]:]) for i in range(len(lengths))], np.int64)
+    c.CHECKS.check(shm.allreduce_pieces(views, sizes, array_address(block), fn, dtype.itemsize, one_step),
+                   f"{tag} in place: declined")
+    c.check_close(f"{tag} in place", block, expected, 0)
+
+
+# Pieces of every length (empty ones, one item), that cross the ranks' parts and the rounds
+# (SHM_PIECES_ROUND_BYTES), and a group of one piece; one step up to its size.
+ROUND_ITEMS = SHM_PIECES_ROUND_BYTES // 4
+for dt in (np.dtype(np.int32), np.dtype(np.float32)):
+    pieces_allreduce(dt, [0, 1, 7, ROUND_ITEMS - 5, 0, 12_345, ROUND_ITEMS + N, 3, ROUND_ITEMS // 3], f"pieces {dt}")
+    pieces_allreduce(dt, [5, 0, 1000, SHM_ONE_STEP_BYTES // 4 - 1005], f"pieces one step {dt}", one_step=True)
+    pieces_allreduce(dt, [N + 1], f"pieces, one piece {dt}")
+pieces_allreduce(np.dtype(np.float64), [3, ROUND_ITEMS // 2 + 1, 0, 777], "pieces float64")
+# Bad pieces are refused before anything moves, so the ranks stay in step; where the allreduce
+# would copy between the ranks' memories instead, the call declines and writes nothing.
+one = np.ones(10, np.int32)
+at, length = np.array([array_address(one)], np.int64), np.array([one.nbytes], np.int64)
+for what, call, words in (
+        ("addresses and lengths differ", lambda: shm.allreduce_pieces(at, np.array([40, 0], np.int64),
+                                                                      array_address(one), sum_i32, 4, False), ("1 addresses", "2 lengths")),
+        ("a piece of part of an item", lambda: shm.allreduce_pieces(at, np.array([38], np.int64),
+                                                                    array_address(one), sum_i32, 4, False), ("38 bytes", "4-byte")),
+        ("one step beyond a buffer", lambda: shm.allreduce_pieces(at, np.array([SHM_TILE_BYTES + 4], np.int64),
+                                                                  array_address(one), sum_i32, 4, True), ("one-step", "fit"))):
+    c.expect_error(f"pieces: {what}", call, ValueError, *words)
+out = np.zeros(10, np.int32)
+c.CHECKS.check(shm.allreduce_pieces(at, length, array_address(out), sum_i32, 4, False) and np.all(out == N),
+               f"pieces: the ranks fell out of step after the refused calls: {out}")
+saved = shm.allreduce_single_copy_bytes
+shm.allreduce_single_copy_bytes = one.nbytes
+out[:] = -1
+c.CHECKS.check(shm.allreduce_pieces(at, length, array_address(out), sum_i32, 4, False) is False and np.all(out == -1),
+               "pieces: not declined where single copy would run")
+shm.allreduce_single_copy_bytes = saved
 # Every dtype and op, one step (above the cycle's 64 KiB) and by single copy (the threshold
 # lowered to 1 MiB: more than one chunk, the last one uneven, claimed by whichever rank is free).
 shm.allreduce_single_copy_bytes = shm.single_copy_bytes = 1 << 20
@@ -555,10 +611,21 @@ c.check_close("out other", dst, exp, bound)
 c.check_close("out other input", src, xs[R], 0)
 
 # Fusion: 40 async requests of 30 KB fuse into batches that run through the segment, each
-# batch gathered straight into this rank's buffer of the segment (counted).
-staged = []
-real_staging = SharedMemory.staging
-SharedMemory.staging = staticmethod(lambda rt_, nbytes: staged.append(nbytes) or real_staging(rt_, nbytes))
+# batch reduced from where its tensors lie (SharedMemory.run_pieces, counted), and a grouped
+# allreduce takes the engine's lean path (Engine.lone_grouped, counted).
+read_in_pieces, lean = [], []
+real_run_pieces, real_lone_grouped = SharedMemory.run_pieces, Engine.lone_grouped
+SharedMemory.run_pieces = staticmethod(lambda rt_, r, *p: read_in_pieces.append(r.flat.nbytes) or real_run_pieces(rt_, r, *p))
+
+
+def counted_lone_grouped(self, *args):
+    results = real_lone_grouped(self, *args)
+    if results is not None:
+        lean.append(args[3])  # the name
+    return results
+
+
+Engine.lone_grouped = counted_lone_grouped
 parts = [[c.rank_input(np.dtype(np.int32), 7500, r, 100 + i) for r in range(N)] for i in range(40)]
 handles = [fastring.allreduce_async(p[R].copy(), op=fastring.Sum, name=f"fused.{i}") for i, p in enumerate(parts)]
 for i, h in enumerate(handles):
@@ -568,26 +635,55 @@ results = fastring.grouped_allreduce([g[R].copy() for g in grouped], op=fastring
 for i, g in enumerate(grouped):
     e, b = c.reference(g, fastring.Average, N)
     c.check_close(f"grouped {i}", results[i], e, b)
-# (a request that rides its negotiation cycle, as the first of the fused ones may, is not staged)
-c.CHECKS.check(staged[-1] == 100 * 40_000 and staged[:-1] and all(n % 30_000 == 0 for n in staged[:-1]),
-               f"the batches were not staged in the segment: {staged}")
-# Integers, exactly: a grouped Sum of a buffer's worth less a little (staged, in one round of
-# rounds), of a one-step size, and a fused batch of 130 cached requests (three words of cache
-# bits), run twice.
-for count, tag in ((SHM_TILE_BYTES // 4 // 50 - 7, "rounds"), (SHM_ONE_STEP_BYTES // 4 // 50 - 3, "one step")):
-    staged.clear()
-    gi = [[c.rank_input(np.dtype(np.int32), count, r, 400 + i) for r in range(N)] for i in range(50)]
-    outs = fastring.grouped_allreduce([g[R].copy() for g in gi], op=fastring.Sum, name=f"grouped int {tag}")
-    for i, g in enumerate(gi):
-        c.check_close(f"grouped int {tag} {i}", outs[i], np.add.reduce(np.stack(g)), 0)
-    c.CHECKS.check(staged == [50 * count * 4], f"grouped int {tag}: staged {staged}")
+# (a request that rides its negotiation cycle, as the first of the fused ones may, is not read in pieces)
+c.CHECKS.check(read_in_pieces[-1] == 100 * 40_000 and read_in_pieces[:-1] and all(n % 30_000 == 0 for n in read_in_pieces[:-1]),
+               f"the batches were not read in pieces: {read_in_pieces}")
+c.CHECKS.check(lean == ["grouped"], f"the grouped call did not take the lean path: {lean}")
+# Integers, exactly: a grouped Sum of more than a buffer (several rounds), of a one-step size,
+# of every shape (empty tensors, 0-d, 3-d); the asynchronous form (the general path, read in
+# pieces too); then a fused batch of 130 cached requests (three words of cache bits), run twice.
+shapes = [(), (0,), (3, 0, 2), (17, 3, 5), (1,), (SHM_ONE_STEP_BYTES // 4 + 11,)]
+for count, tag in ((SHM_TILE_BYTES // 4 // 50 + 7, "rounds"), (SHM_ONE_STEP_BYTES // 4 // 50 - 3, "one step"),
+                   (None, "shapes")):
+    read_in_pieces.clear()
+    gi = [[c.rank_input(np.dtype(np.int32), count if count else shapes[i % len(shapes)], r, 400 + i) for r in range(N)]
+          for i in range(50 if count else len(shapes))]
+    for how, call in (("", fastring.grouped_allreduce), (" async", lambda *a, **k: fastring.grouped_allreduce_async(*a, **k).wait())):
+        outs = call([g[R].copy() for g in gi], op=fastring.Sum, name=f"grouped int {tag}{how}")
+        for i, g in enumerate(gi):
+            c.CHECKS.check(outs[i].shape == g[R].shape and outs[i].dtype == np.int32, f"grouped int {tag}{how} {i}: shape")
+            c.check_close(f"grouped int {tag}{how} {i}", outs[i], np.add.reduce(np.stack(g)), 0)
+    total = sum(g[R].nbytes for g in gi)
+    c.CHECKS.check(read_in_pieces == [total, total], f"grouped int {tag}: read in pieces {read_in_pieces}")
+c.CHECKS.check(lean[-3:] == ["grouped int rounds", "grouped int one step", "grouped int shapes"], f"lean: {lean}")
+# The general path where the lean one must not go: a strided tensor, mixed dtypes (an error
+# on every rank), a group that rides its cycle; results are new arrays that do not share the
+# inputs' memory.
+lean.clear()
+read_in_pieces.clear()
+strided = [c.rank_input(np.dtype(np.int64), (300, 200), r, 600) for r in range(N)]
+outs = fastring.grouped_allreduce([strided[R][:, ::2], np.ones(100_000, np.int64)], op=fastring.Sum, name="grouped strided")
+c.check_close("grouped strided", outs[0], np.add.reduce(np.stack(strided))[:, ::2], 0)
+c.check_close("grouped strided, second", outs[1], np.full(100_000, N), 0)
+c.expect_error("grouped mixed dtypes", lambda: fastring.grouped_allreduce([np.ones(40_000, np.float32), np.ones(2)]),
+               TypeError, "one dtype")
+outs = fastring.grouped_allreduce([np.ones(3, np.int32), np.ones(4, np.int32)], op=fastring.Sum, name="grouped small")
+c.check_close("grouped small", np.concatenate(outs), np.full(7, N), 0)
+c.CHECKS.check(lean == [] and read_in_pieces == [], f"the lean path took a call it must not: {lean} {read_in_pieces}")
+# The ranks disagree: the last rank's group has another shape. Every rank raises a mismatch
+# naming the shape (the lean call hands over to the general path, which explains it), and the
+# next grouped call works.
+mine = [np.ones(30_000, np.float32), np.ones(30_000 + (R == V), np.float32)]
+c.expect_error("grouped mismatch", lambda: fastring.grouped_allreduce(mine, op=fastring.Sum, name="grouped mismatch"),
+               fastring.FastringError, "mismatch", "shape")
+outs = fastring.grouped_allreduce(mine[:1] * 3, op=fastring.Sum, name="grouped after mismatch")
+c.check_close("grouped after mismatch", np.concatenate(outs), np.full(90_000, N), 0)
+SharedMemory.run_pieces, Engine.lone_grouped = staticmethod(real_run_pieces), real_lone_grouped
 small = [[c.rank_input(np.dtype(np.int64), 33, r, 500 + i) for r in range(N)] for i in range(130)]
 for round_ in range(2):
     handles = [fastring.allreduce_async(p[R].copy(), op=fastring.Sum, name=f"small.{i}") for i, p in enumerate(small)]
     for i, h in enumerate(handles):
         c.check_close(f"small {round_} {i}", fastring.synchronize(h), np.add.reduce(np.stack(small[i])), 0)
-SharedMemory.staging = staticmethod(real_staging)
-c.CHECKS.check(shm.staging(SHM_TILE_BYTES + 1) is None and shm.staging(0) is None, "staging beyond a buffer")
 
 # Compression: the 16-bit wire format's rounding, on the same data as the plain call.
 cx = [c.rank_input(np.dtype(np.float32), 100_000, r, 300) for r in range(N)]
