@@ -60,6 +60,7 @@ from .cycle cimport HASH, HEADER_WORDS, PAYLOAD_BYTES, block_bytes, combine_bloc
 from .mpi cimport Link, TransportBase, back_off, now, reduce_fn_t
 
 from .._core.config import (SHM_ACTIVE_SPIN_SECONDS, SHM_ALLREDUCE_SINGLE_COPY_BYTES, SHM_HOT_SPIN_SECONDS,
+                            SHM_PIPELINE_TILE_BYTES,
                             SHM_SINGLE_COPY_BYTES, SHM_SINGLE_COPY_CHUNK_BYTES, SHM_STREAM_PIECE_BYTES,
                             SHM_STREAMING_STORE_BYTES, WAIT_CYCLE_SPIN_SECONDS)
 from .._core.errors import FastringError
@@ -149,7 +150,14 @@ DEF SUB_BYTES = 32768   # the reduction's unit: a piece copied and reduced while
 # streams it received (both in bytes of the one stream position every rank counts alike).
 DEF STREAM_SENT = 8
 DEF STREAM_READ = 9
-DEF IN_ROUNDS = -2      # a single-copy allreduce that rank 0 sent in rounds instead
+DEF BY_CHOICE = -2      # a single-copy allreduce that rank 0 sent through the segment's buffers instead
+# In a rank's sequence line, second half: how many tiles of the pipelined allreduce
+# (`_pipeline`) this rank has staged, reduced, and finished (copied every other part out),
+# counted over every pipelined call so far, alike on every rank.
+DEF PIPE_STAGED = 10
+DEF PIPE_REDUCED = 11
+DEF PIPE_DONE = 12
+DEF PIPE_SLOTS = 4      # tiles in flight per rank: a rank may run this many tiles ahead
 
 cdef double _CYCLE_SPIN = WAIT_CYCLE_SPIN_SECONDS
 cdef double _HOT_SPIN = SHM_HOT_SPIN_SECONDS
@@ -157,6 +165,14 @@ cdef double _ACTIVE_SPIN = SHM_ACTIVE_SPIN_SECONDS
 
 
 ctypedef void (*finish_fn_t)(void* dst, int64_t count, int64_t divisor, double factor) noexcept nogil
+
+
+cdef struct PipeCall:  # one pipelined allreduce (SharedSegment._pipeline)
+    char* src
+    char* dst
+    reduce_fn_t reduce
+    int64_t isz, count, per  # bytes per element, elements, elements per tile of a part
+    uint64_t round_, steps   # its data round, tiles per part
 
 
 cdef inline int64_t _align(int64_t n, int64_t to) noexcept nogil:
@@ -183,10 +199,12 @@ cdef class SharedSegment:
     cdef int64_t chunk         # bytes per claimed chunk of a single-copy call
     cdef int64_t stream_off, stream_piece
     cdef uint64_t streamed     # the stream position: bytes every streamed broadcast so far moved
+    cdef uint64_t piped        # tiles every pipelined allreduce so far ran (`_pipeline`)
     # Where single copy starts (SHM_SINGLE_COPY_BYTES, SHM_ALLREDUCE_SINGLE_COPY_BYTES); tests
     # lower them, on every rank alike, to run small messages that way.
     cdef public int64_t single_copy_bytes, allreduce_single_copy_bytes
     cdef public int64_t streaming_bytes  # outputs from this size are written with streaming stores
+    cdef public int64_t pipeline_tile  # bytes per part and tile of a pipelined allreduce, at most
     cdef char* scratch         # two chunks of private memory: an accumulator and a landing place
     # More ranks than this process may run on cores: a spinning wait yields its core at once.
     # Otherwise only after SHM_HOT_SPIN_SECONDS (SHM_ACTIVE_SPIN_SECONDS in a run of back-to-back
@@ -237,6 +255,7 @@ cdef class SharedSegment:
         s.single_copy_bytes = SHM_SINGLE_COPY_BYTES
         s.allreduce_single_copy_bytes = SHM_ALLREDUCE_SINGLE_COPY_BYTES
         s.streaming_bytes = SHM_STREAMING_STORE_BYTES
+        s.pipeline_tile = SHM_PIPELINE_TILE_BYTES
         s.scratch = <char*> aligned_alloc(PAGE, 2 * s.chunk)
         if s.scratch == NULL:
             raise MemoryError()
@@ -458,13 +477,13 @@ cdef class SharedSegment:
         return err
 
     cdef int _single_copy_allreduce(self, char* src, char* dst, int64_t nbytes, reduce_fn_t reduce,
-                                    int64_t itemsize, bint rounds) except -1 nogil:
+                                    int64_t itemsize, bint buffers) except -1 nogil:
         """Whoever claims a chunk reduces it over every rank, in rank order, and writes the
         result into every rank's `dst`: one reducer per chunk, so the same bits everywhere.
         In place, a chunk of a rank's input is overwritten only by its own reducer, after it
-        read it. Rank 0's `rounds`, published with its addresses, sends every rank to the
-        rounds instead after the first barrier (nothing has been copied then): returns
-        IN_ROUNDS."""
+        read it. Rank 0's `buffers`, published with its addresses, sends every rank through the
+        segment's buffers instead after the first barrier (nothing has been copied then):
+        returns BY_CHOICE."""
         cdef int n = self.size, me = self.rank, r, err = 0
         cdef const pid_t* pids = self.transport.pids
         cdef int64_t per = self.chunk // itemsize * itemsize, at, k
@@ -473,10 +492,10 @@ cdef class SharedSegment:
         self._table(me)[1] = <uint64_t> src
         self._table(me)[1 + n] = <uint64_t> dst
         if me == 0:
-            self._table(0)[1 + 2 * n] = rounds
+            self._table(0)[1 + 2 * n] = buffers
         self._data_arrive()
         if self._table(0)[1 + 2 * n]:
-            return IN_ROUNDS
+            return BY_CHOICE
         first = self._chunks((nbytes + per - 1) // per)
         end = self.claimed
         while not err:
@@ -549,7 +568,7 @@ cdef class SharedSegment:
     # stall every round); only a slow wait's stall hook takes it.
 
     def allreduce(self, uintptr_t src, uintptr_t dst, int64_t nbytes, uintptr_t reduce_fn,
-                  int64_t itemsize, bint one_step, bint prefer_rounds=False, uintptr_t finish_fn=0,
+                  int64_t itemsize, bint one_step, bint prefer_buffers=False, uintptr_t finish_fn=0,
                   int64_t divisor=1, double factor=1.0):
         """Allreduce `nbytes` at `src` into `dst` (may be `src`) with `reduce_fn`
         (dst = dst op src, a reduction cfunc over `itemsize`-byte elements), then, given
@@ -560,18 +579,19 @@ cdef class SharedSegment:
         buffer, and after one barrier reduces all of them, in rank order, into `dst`: the
         same bits everywhere, one synchronisation. From SHM_ALLREDUCE_SINGLE_COPY_BYTES, where the
         ranks may copy between their memories, by single copy (the module docstring).
-        Otherwise, in rounds of up to a buffer:
-        every rank copies the parts of its input that the others reduce into its buffer,
-        reduces its own part (its input and every peer's copy of that part, piece by piece
-        while it is in L1) into its buffer and `dst`, and after a second barrier copies the
-        others' reduced parts into `dst`. Each element is reduced by one rank (or by all
-        alike), so `dst` holds the same bits on every rank.
+        Otherwise through the segment's buffers: up to a buffer in one round, where every rank
+        copies the parts of its input that the others reduce into its buffer, reduces its own
+        part (its input and every peer's copy of that part, piece by piece while it is in L1)
+        into its buffer and `dst`, and after a second barrier copies the others' reduced parts
+        into `dst`; above a buffer the same pipelined tile by tile (`_pipeline`). Each element
+        is reduced by one rank (or by all alike), so `dst` holds the same bits on every rank.
 
-        Where single copy could run, rank 0's `prefer_rounds` (the others' is ignored, so
-        that every rank takes the same path) sends the call in rounds instead: a copy between
-        processes pins every page it touches, and on memory without huge pages the rounds
-        were the faster. Returns which path ran: "one step", "rounds", "rounds by choice" or
-        "single copy"."""
+        Where single copy could run, rank 0's `prefer_buffers` (the others' is ignored, so
+        that every rank takes the same path) sends the call through the segment's buffers
+        instead: a copy between processes pins every page it touches, and on a machine
+        running more than the ranks the pipeline's tiles wait on each other (PathTimes
+        chooses). Returns which path ran: "one step", "rounds", "pipeline", "rounds by
+        choice", "pipeline by choice" or "single copy"."""
         self._check()
         if nbytes % itemsize or nbytes < 0 or itemsize <= 0:
             raise ValueError(f"nbytes ({nbytes}) must be a multiple of itemsize ({itemsize})")
@@ -589,17 +609,19 @@ cdef class SharedSegment:
                     self._one_step(<char*> src, <char*> dst, nbytes, <reduce_fn_t> reduce_fn, itemsize)
                 elif single:
                     err = self._single_copy_allreduce(<char*> src, <char*> dst, nbytes,
-                                                      <reduce_fn_t> reduce_fn, itemsize, prefer_rounds)
-                if err == IN_ROUNDS or not (one_step or single):
+                                                      <reduce_fn_t> reduce_fn, itemsize, prefer_buffers)
+                if (err == BY_CHOICE or not (one_step or single)) and nbytes > self.tile:
+                    self._pipeline(<char*> src, <char*> dst, nbytes, <reduce_fn_t> reduce_fn, itemsize)
+                elif err == BY_CHOICE or not (one_step or single):
                     self._rounds(<char*> src, <char*> dst, nbytes, <reduce_fn_t> reduce_fn, itemsize)
         except BaseException:
             self._failed()
             raise
-        if err == IN_ROUNDS:
-            return "rounds by choice"
-        if err:
+        if err and err != BY_CHOICE:
             self._raise_copy_error(err)
-        return "one step" if one_step else "single copy" if single else "rounds"
+        if one_step or (single and not err):
+            return "one step" if one_step else "single copy"
+        return ("pipeline" if nbytes > self.tile else "rounds") + (" by choice" if err else "")
 
     def staging(self, int64_t nbytes):
         """This rank's buffer for the next data round, as `nbytes` bytes (a uint8 array over
@@ -678,6 +700,101 @@ cdef class SharedSegment:
                     hi = lo + base + (1 if r < extra else 0)
                     memcpy(d + lo * itemsize, self._data(r, round_) + lo * itemsize, (hi - lo) * itemsize)
             done += c
+        return 0
+
+    cdef inline int64_t _part_start(self, int64_t count, int r) noexcept nogil:
+        """The first element of rank r's part of `count` elements (parts differ by at most one)."""
+        return r * (count // self.size) + min(r, count % self.size)
+
+    cdef int _pipeline(self, char* src, char* dst, int64_t nbytes, reduce_fn_t reduce,
+                       int64_t itemsize) except -1 nogil:
+        """The rounds without their round barriers, in tiles small enough that what one rank
+        writes is still in the cache when another reads it. Every rank's part is cut into
+        tiles; for tile k each rank copies its input's tile k of every other part into a slot of
+        its buffer (stage), reduces tile k of its own part from its input and every other
+        rank's staged copy, in rank order, into its slot and `dst` (reduce), then copies every
+        other rank's reduced tile k into `dst` (out). A rank stages tile k + 1 before it reduces
+        tile k and copies tile k - 1 out after, so that what it waits for was published a tile
+        earlier. One flag per stage and rank, counted over every pipelined call so far, is all
+        the synchronisation; a rank writes a slot again only when every rank is done with the
+        tile PIPE_SLOTS earlier in it. The call is one data round: it uses only this round's
+        buffer of each rank, and a rank cannot leave it before every other rank has reduced its
+        last tile, so before the next round reuses the buffer every rank has finished reading it."""
+        cdef PipeCall c
+        cdef uint64_t k
+        c.src, c.dst, c.reduce, c.isz, c.count = src, dst, reduce, itemsize, nbytes // itemsize
+        c.per = max(1, min(self.pipeline_tile, self.tile // (PIPE_SLOTS * self.size)) // itemsize)
+        c.round_ = self.data_rounds
+        c.steps = <uint64_t> ((c.count // self.size + (1 if c.count % self.size else 0) + c.per - 1) // c.per)
+        self.data_rounds += 1
+        self._pipe_stage(&c, 0)
+        for k in range(c.steps):
+            if k + 1 < c.steps:
+                self._pipe_stage(&c, k + 1)
+            self._pipe_reduce(&c, k)
+            if k > 0:
+                self._pipe_out(&c, k - 1)
+        self._pipe_out(&c, c.steps - 1)
+        self.piped += c.steps
+        return 0
+
+    cdef inline char* _pipe_slot(self, const PipeCall* c, int r, uint64_t k, int part) noexcept nogil:
+        """Where rank r's tile k of part `part` lies in r's buffer: its staged copy of that
+        part, or (part r) its reduced tile."""
+        return (self._data(r, c.round_) + <int64_t> ((self.piped + k) % PIPE_SLOTS) * self.size * c.per * c.isz
+                + part * c.per * c.isz)
+
+    cdef inline int64_t _pipe_tile(self, const PipeCall* c, int part, uint64_t k, int64_t* hi) noexcept nogil:
+        """Tile k of `part`: its first element (returned) and its end (`hi`; hi <= first: empty)."""
+        cdef int64_t lo = self._part_start(c.count, part) + <int64_t> k * c.per
+        hi[0] = min(lo + c.per, self._part_start(c.count, part + 1))
+        return lo
+
+    cdef int _pipe_stage(self, const PipeCall* c, uint64_t k) except -1 nogil:
+        cdef Link* link = &self.transport.link
+        cdef uint64_t pos = self.piped + k
+        cdef int r
+        cdef int64_t lo, hi
+        if pos >= PIPE_SLOTS:
+            self._await(PIPE_DONE, pos - PIPE_SLOTS + 1, -1, self.rank, link.spin, link.interval, link.hook)
+        for r in range(self.size):
+            if r != self.rank:
+                lo = self._pipe_tile(c, r, k, &hi)
+                if hi > lo:
+                    memcpy(self._pipe_slot(c, self.rank, k, r), c.src + lo * c.isz, (hi - lo) * c.isz)
+        self._publish(PIPE_STAGED, pos + 1)
+        return 0
+
+    cdef int _pipe_reduce(self, const PipeCall* c, uint64_t k) except -1 nogil:
+        cdef Link* link = &self.transport.link
+        cdef int me = self.rank, r
+        cdef int64_t isz = c.isz, sub = max(1, SUB_BYTES // c.isz), hi, m
+        cdef int64_t lo = self._pipe_tile(c, me, k, &hi), off = 0
+        cdef char* res = self._pipe_slot(c, me, k, me)
+        self._await(PIPE_STAGED, self.piped + k + 1, -1, me, link.spin, link.interval, link.hook)
+        while off < hi - lo:  # in rank order, piece by piece while in L1
+            m = min(sub, hi - lo - off)
+            memcpy(res + off * isz, (c.src + lo * isz if me == 0 else self._pipe_slot(c, 0, k, me)) + off * isz,
+                   m * isz)
+            for r in range(1, self.size):
+                c.reduce(res + off * isz, (c.src + lo * isz if r == me else self._pipe_slot(c, r, k, me)) + off * isz, m)
+            self._finish_piece(res + off * isz, m)
+            memcpy(c.dst + (lo + off) * isz, res + off * isz, m * isz)
+            off += m
+        self._publish(PIPE_REDUCED, self.piped + k + 1)
+        return 0
+
+    cdef int _pipe_out(self, const PipeCall* c, uint64_t k) except -1 nogil:
+        cdef Link* link = &self.transport.link
+        cdef int r
+        cdef int64_t lo, hi
+        self._await(PIPE_REDUCED, self.piped + k + 1, -1, self.rank, link.spin, link.interval, link.hook)
+        for r in range(self.size):
+            if r != self.rank:
+                lo = self._pipe_tile(c, r, k, &hi)
+                if hi > lo:
+                    memcpy(c.dst + lo * c.isz, self._pipe_slot(c, r, k, r), (hi - lo) * c.isz)
+        self._publish(PIPE_DONE, self.piped + k + 1)
         return 0
 
     def gatherv(self, uintptr_t src, uintptr_t dst, const int64_t[::1] counts,

@@ -16,10 +16,11 @@ class SharedMemory:
     """Every rank copies its input into its buffer of the segment and reduces its part of the
     result by reading the others' buffers directly, then copies the other parts from where
     they were reduced (one barrier up to SHM_ONE_STEP_BYTES, where every rank reduces the
-    whole message in rank order instead; from SHM_ALLREDUCE_SINGLE_COPY_BYTES, where the ranks
-    may copy between their memories, each chunk is read from every rank, reduced and written
-    into every rank by whichever rank claims it, or in rounds where they measured faster for
-    that buffer: `PathTimes`). Any dtype and op the kernels reduce; each
+    whole message in rank order instead; above a buffer of the segment the same pipelined tile
+    by tile; from SHM_ALLREDUCE_SINGLE_COPY_BYTES, where the ranks may copy between their
+    memories, each chunk is read from every rank, reduced and written into every rank by
+    whichever rank claims it, or pipelined where that measured faster for that buffer:
+    `PathTimes`). Any dtype and op the kernels reduce; each
     element is reduced by one rank (or by all alike), so the results are bitwise identical
     everywhere."""
 
@@ -58,34 +59,35 @@ class SharedMemory:
                 key = (array_address(flat), flat.nbytes)
                 start = time.perf_counter()
                 ran = shm.allreduce(array_address(src), key[0], flat.nbytes, reduce_fn, itemsize, one_step,
-                                    _PATHS.prefer_rounds(key), *finishing)
-                if ran in ("single copy", "rounds by choice"):
+                                    _PATHS.prefer_buffers(key), *finishing)
+                if ran == "single copy" or ran.endswith("by choice"):
                     _PATHS.record(key, ran == "single copy", time.perf_counter() - start)
             if not fused:
                 finish(flat)
 
 
 class PathTimes:
-    """Which path a single-copy-sized allreduce of one buffer takes: single copy or the rounds,
-    by the fastest of each one's last `kept` times for that buffer (its address and size). A
-    copy between processes pins every page it touches, so it ran 1.7x slower on memory without
-    huge pages than with them, where the rounds (plain copies through the segment) do not
-    care; which one a buffer has is up to the kernel (BENCHMARKS.md, "Issue 18 (round 2,
-    session 4)"). The first call of a buffer goes by single copy, the second in rounds, then
-    the faster, the other again every `retry` calls; the rounds take over only once single
+    """Which path a single-copy-sized allreduce of one buffer takes: single copy or through the
+    segment's buffers (the pipeline), by the fastest of each one's last `kept` times for that
+    buffer (its address and size). The pipeline was the faster at 16 and 64 MiB, most of all
+    on memory without huge pages (a copy between processes pins every page it touches), but
+    its tiles wait on each other, and with more busy processes than cores it ran 10x slower
+    at 64 MiB, where single copy's claimed chunks went on (BENCHMARKS.md, "Issue 18 (round 2,
+    session 5)"). The first call of a buffer goes by single copy, the second pipelined, then
+    the faster, the other again every `retry` calls; the pipeline takes over only once single
     copy has been timed twice, so that one preempted first call does not send a buffer to
     the slower path for `retry` calls. Only rank 0's preference counts (the segment publishes
     it), so the ranks always agree.
 
     Example:
         >>> p = PathTimes(retry=4); key = (0x1000, 16 << 20)
-        >>> p.prefer_rounds(key)
+        >>> p.prefer_buffers(key)
         False
-        >>> p.record(key, True, 2e-3); p.prefer_rounds(key)
+        >>> p.record(key, True, 2e-3); p.prefer_buffers(key)
         True
-        >>> p.record(key, False, 1e-3); p.prefer_rounds(key)   # once more by single copy
+        >>> p.record(key, False, 1e-3); p.prefer_buffers(key)   # once more by single copy
         False
-        >>> p.record(key, True, 2e-3); [p.prefer_rounds(key) for _ in range(4)]
+        >>> p.record(key, True, 2e-3); [p.prefer_buffers(key) for _ in range(4)]
         [True, True, False, True]
     """
 
@@ -94,9 +96,9 @@ class PathTimes:
 
     def __init__(self, retry: int = SHM_ALLREDUCE_RETRY_CALLS):
         self.retry = retry
-        self.times: dict[tuple[int, int], list] = {}  # key -> [single copy times, rounds times, calls]
+        self.times: dict[tuple[int, int], list] = {}  # key -> [single copy times, pipeline times, calls]
 
-    def prefer_rounds(self, key: tuple[int, int]) -> bool:
+    def prefer_buffers(self, key: tuple[int, int]) -> bool:
         t = self.times.get(key)
         if t is None or not t[0]:
             return False
