@@ -92,8 +92,8 @@ SHM_SINGLE_COPY_CHUNK_BYTES = 1 << 20
 # An allreduce of more than a buffer that does not go by single copy is pipelined through the
 # segment's buffers in tiles of at most this many bytes per rank's part: small enough that a
 # tile one rank stages is still in the cache when another reduces it, large enough that the
-# three flags a tile costs stay small beside its copies (64-256 KiB within 5% of each other at
-# 16 and 64 MiB; BENCHMARKS.md, issue 18, session 5).
+# three flags a tile costs stay small beside its copies (at 16 MiB, 128 and 192 KiB ran alike,
+# 64 and 256 KiB 4-8% slower, 32 KiB 15-20%; BENCHMARKS.md, issue 18, session 5).
 SHM_PIPELINE_TILE_BYTES = 128 * 1024
 # A broadcast on one host streams through the root's ring in the segment (SHM_TILE_BYTES) in
 # pieces of this many bytes: the readers copy a piece out while the root copies the next in.

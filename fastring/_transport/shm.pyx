@@ -713,11 +713,12 @@ cdef class SharedSegment:
         tiles; for tile k each rank copies its input's tile k of every other part into a slot of
         its buffer (stage), reduces tile k of its own part from its input and every other
         rank's staged copy, in rank order, into its slot and `dst` (reduce), then copies every
-        other rank's reduced tile k into `dst` (out). A rank stages tile k + 1 before it reduces
-        tile k and copies tile k - 1 out after, so that what it waits for was published a tile
-        earlier. One flag per stage and rank, counted over every pipelined call so far, is all
-        the synchronisation; a rank writes a slot again only when every rank is done with the
-        tile PIPE_SLOTS earlier in it. The call is one data round: it uses only this round's
+        other rank's reduced tile k into `dst` (out), over the lines it staged from a moment
+        before, still in its L2 (staging a tile ahead, or copying out a tile behind, put more
+        between them and ran 5-10% slower). One flag per stage and rank, counted over every
+        pipelined call so far, is all the synchronisation; a rank writes a slot again only when
+        every rank is done with the tile PIPE_SLOTS earlier in it, so a rank may run up to that
+        many tiles ahead of a slower one. The call is one data round: it uses only this round's
         buffer of each rank, and a rank cannot leave it before every other rank has reduced its
         last tile, so before the next round reuses the buffer every rank has finished reading it."""
         cdef PipeCall c
@@ -727,14 +728,10 @@ cdef class SharedSegment:
         c.round_ = self.data_rounds
         c.steps = <uint64_t> ((c.count // self.size + (1 if c.count % self.size else 0) + c.per - 1) // c.per)
         self.data_rounds += 1
-        self._pipe_stage(&c, 0)
         for k in range(c.steps):
-            if k + 1 < c.steps:
-                self._pipe_stage(&c, k + 1)
+            self._pipe_stage(&c, k)
             self._pipe_reduce(&c, k)
-            if k > 0:
-                self._pipe_out(&c, k - 1)
-        self._pipe_out(&c, c.steps - 1)
+            self._pipe_out(&c, k)
         self.piped += c.steps
         return 0
 
