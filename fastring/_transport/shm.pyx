@@ -712,16 +712,19 @@ cdef class SharedSegment:
         writes is still in the cache when another reads it. Every rank's part is cut into
         tiles; for tile k each rank copies its input's tile k of every other part into a slot of
         its buffer (stage), reduces tile k of its own part from its input and every other
-        rank's staged copy, in rank order, into its slot and `dst` (reduce), then copies every
-        other rank's reduced tile k into `dst` (out), over the lines it staged from a moment
-        before, still in its L2 (staging a tile ahead, or copying out a tile behind, put more
-        between them and ran 5-10% slower). One flag per stage and rank, counted over every
-        pipelined call so far, is all the synchronisation; a rank writes a slot again only when
-        every rank is done with the tile PIPE_SLOTS earlier in it: with two, a rank stages tile k
-        while a slower one still copies tile k - 1 out, and the slots it cycles through stay
-        small beside its L2 (four ran 2-4% slower). The call is one data round: it uses only this round's
+        rank's staged copy, in rank order, into rank 0's slot of that part and `dst` (reduce),
+        then copies every other part's reduced tile k from rank 0's slots into `dst` (out), onto
+        the lines it staged from a moment before, still in its L2. Accumulating in rank 0's
+        staged copy makes two passes over each piece where a slot of the reducer's own made
+        three (15% slower at 16 MiB); staging a tile ahead or copying out a tile behind put
+        more between the stage and the out (5-10% slower). One counter per stage and rank,
+        counted over every pipelined call so far, is all the synchronisation; a rank writes a
+        slot again only when every rank is done with the tile PIPE_SLOTS earlier in it: with
+        two, a rank stages tile k while a slower one still copies tile k - 1 out, and the
+        slots stay small beside the L2. The call is one data round: it uses only this round's
         buffer of each rank, and a rank cannot leave it before every other rank has reduced its
-        last tile, so before the next round reuses the buffer every rank has finished reading it."""
+        last tile, so before the next round reuses the buffer every rank has finished reading
+        it."""
         cdef PipeCall c
         cdef uint64_t k
         c.src, c.dst, c.reduce, c.isz, c.count = src, dst, reduce, itemsize, nbytes // itemsize
@@ -738,7 +741,7 @@ cdef class SharedSegment:
 
     cdef inline char* _pipe_slot(self, const PipeCall* c, int r, uint64_t k, int part) noexcept nogil:
         """Where rank r's tile k of part `part` lies in r's buffer: its staged copy of that
-        part, or (part r) its reduced tile."""
+        part; in rank 0's buffer, once reduced, the reduced tile."""
         return (self._data(r, c.round_) + <int64_t> ((self.piped + k) % PIPE_SLOTS) * self.size * c.per * c.isz
                 + part * c.per * c.isz)
 
@@ -768,16 +771,27 @@ cdef class SharedSegment:
         cdef int me = self.rank, r
         cdef int64_t isz = c.isz, sub = max(1, SUB_BYTES // c.isz), hi, m
         cdef int64_t lo = self._pipe_tile(c, me, k, &hi), off = 0
-        cdef char* res = self._pipe_slot(c, me, k, me)
+        # The reduced tile goes where every rank copies it from: rank 0's slot of this part, which
+        # holds rank 0's staged input, the first operand in rank order, so that a rank after 0
+        # accumulates there. Rank 0 reduces in place straight in its result (its input being the
+        # first operand), and copies the tile into its slot after.
+        cdef char* res = self._pipe_slot(c, 0, k, me)
+        cdef char* mine = c.src + lo * isz
+        cdef char* out = c.dst + lo * isz
+        cdef bint direct = me == 0 and c.src == c.dst
         self._await(PIPE_STAGED, self.piped + k + 1, -1, me, link.spin, link.interval, link.hook)
         while off < hi - lo:  # in rank order, piece by piece while in L1
             m = min(sub, hi - lo - off)
-            memcpy(res + off * isz, (c.src + lo * isz if me == 0 else self._pipe_slot(c, 0, k, me)) + off * isz,
-                   m * isz)
+            if me == 0 and not direct:
+                memcpy(res + off * isz, mine + off * isz, m * isz)
             for r in range(1, self.size):
-                c.reduce(res + off * isz, (c.src + lo * isz if r == me else self._pipe_slot(c, r, k, me)) + off * isz, m)
-            self._finish_piece(res + off * isz, m)
-            memcpy(c.dst + (lo + off) * isz, res + off * isz, m * isz)
+                c.reduce((out if direct else res) + off * isz,
+                         (mine if r == me else self._pipe_slot(c, r, k, me)) + off * isz, m)
+            self._finish_piece((out if direct else res) + off * isz, m)
+            if direct:
+                memcpy(res + off * isz, out + off * isz, m * isz)
+            else:
+                memcpy(out + off * isz, res + off * isz, m * isz)
             off += m
         self._publish(PIPE_REDUCED, self.piped + k + 1)
         return 0
@@ -791,7 +805,7 @@ cdef class SharedSegment:
             if r != self.rank:
                 lo = self._pipe_tile(c, r, k, &hi)
                 if hi > lo:
-                    memcpy(c.dst + lo * c.isz, self._pipe_slot(c, r, k, r), (hi - lo) * c.isz)
+                    memcpy(c.dst + lo * c.isz, self._pipe_slot(c, 0, k, r), (hi - lo) * c.isz)
         self._publish(PIPE_DONE, self.piped + k + 1)
         return 0
 
