@@ -88,6 +88,10 @@ SHM_REDUCESCATTER_MAX_BYTES = 8 << 20
 # by their measured speeds and beat both claimed chunks and the segment's buffers.
 SHM_SINGLE_COPY_BYTES = SHM_TILE_BYTES
 SHM_ALLREDUCE_SINGLE_COPY_BYTES = 64 << 20
+# Where more ranks than cores share the host the allreduce is not pipelined but goes in rounds
+# of a buffer, and by single copy (or in rounds, PathTimes) from this size, as before the
+# pipeline: the rounds were the faster at 4-8 MiB, single copy from four rounds.
+SHM_ALLREDUCE_ROUNDS_SINGLE_COPY_BYTES = 16 << 20
 SHM_SINGLE_COPY_CHUNK_BYTES = 1 << 20
 # An allreduce of more than a buffer that does not go by single copy is pipelined through the
 # segment's buffers in tiles of at most this many bytes per rank's part: small enough that a

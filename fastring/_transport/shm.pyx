@@ -59,7 +59,8 @@ from .broadcast cimport vm_copy
 from .cycle cimport HASH, HEADER_WORDS, PAYLOAD_BYTES, block_bytes, combine_blocks, lone_payload, lone_result
 from .mpi cimport Link, TransportBase, back_off, now, reduce_fn_t
 
-from .._core.config import (SHM_ACTIVE_SPIN_SECONDS, SHM_ALLREDUCE_SINGLE_COPY_BYTES, SHM_HOT_SPIN_SECONDS,
+from .._core.config import (SHM_ACTIVE_SPIN_SECONDS, SHM_ALLREDUCE_ROUNDS_SINGLE_COPY_BYTES,
+                            SHM_ALLREDUCE_SINGLE_COPY_BYTES, SHM_HOT_SPIN_SECONDS,
                             SHM_PIPELINE_TILE_BYTES,
                             SHM_SINGLE_COPY_BYTES, SHM_SINGLE_COPY_CHUNK_BYTES, SHM_STREAM_PIECE_BYTES,
                             SHM_STREAMING_STORE_BYTES, WAIT_CYCLE_SPIN_SECONDS)
@@ -205,6 +206,10 @@ cdef class SharedSegment:
     cdef public int64_t single_copy_bytes, allreduce_single_copy_bytes
     cdef public int64_t streaming_bytes  # outputs from this size are written with streaming stores
     cdef public int64_t pipeline_tile  # bytes per part and tile of a pipelined allreduce, at most
+    # Whether an allreduce of more than a buffer is pipelined (`_pipeline`) rather than in rounds:
+    # unless more ranks than cores share the host, where every one of its many waits per call
+    # may wait for a rank that is not running (8 MiB at np=3 on 2 cores: 50 ms, median).
+    cdef public bint pipelined
     cdef char* scratch         # two chunks of private memory: an accumulator and a landing place
     # More ranks than this process may run on cores: a spinning wait yields its core at once.
     # Otherwise only after SHM_HOT_SPIN_SECONDS (SHM_ACTIVE_SPIN_SECONDS in a run of back-to-back
@@ -246,6 +251,9 @@ cdef class SharedSegment:
         cdef SharedSegment s = SharedSegment.__new__(SharedSegment)
         s.rank, s.size, s.transport = me, n, transport
         s.oversubscribed = n > len(os.sched_getaffinity(0))
+        s.pipelined = not s.oversubscribed
+        s.allreduce_single_copy_bytes = (SHM_ALLREDUCE_SINGLE_COPY_BYTES if s.pipelined
+                                         else SHM_ALLREDUCE_ROUNDS_SINGLE_COPY_BYTES)
         s.tile = _align(tile_bytes, PAGE)
         s.cycle_bytes = _align(cycle_bytes, PAGE)
         s.table_off = (n + 1) * LINE
@@ -253,7 +261,6 @@ cdef class SharedSegment:
         s.cycle_off = _align(s.table_off + n * s.table_stride, PAGE)
         s.chunk = _align(SHM_SINGLE_COPY_CHUNK_BYTES, PAGE)
         s.single_copy_bytes = SHM_SINGLE_COPY_BYTES
-        s.allreduce_single_copy_bytes = SHM_ALLREDUCE_SINGLE_COPY_BYTES
         s.streaming_bytes = SHM_STREAMING_STORE_BYTES
         s.pipeline_tile = SHM_PIPELINE_TILE_BYTES
         s.scratch = <char*> aligned_alloc(PAGE, 2 * s.chunk)
@@ -583,7 +590,8 @@ cdef class SharedSegment:
         copies the parts of its input that the others reduce into its buffer, reduces its own
         part (its input and every peer's copy of that part, piece by piece while it is in L1)
         into its buffer and `dst`, and after a second barrier copies the others' reduced parts
-        into `dst`; above a buffer the same pipelined tile by tile (`_pipeline`). Each element
+        into `dst`; above a buffer the same pipelined tile by tile (`_pipeline`; in rounds of a
+        buffer where more ranks than cores share the host: `pipelined`). Each element
         is reduced by one rank (or by all alike), so `dst` holds the same bits on every rank.
 
         Where single copy could run, rank 0's `prefer_buffers` (the others' is ignored, so
@@ -610,7 +618,7 @@ cdef class SharedSegment:
                 elif single:
                     err = self._single_copy_allreduce(<char*> src, <char*> dst, nbytes,
                                                       <reduce_fn_t> reduce_fn, itemsize, prefer_buffers)
-                if (err == BY_CHOICE or not (one_step or single)) and nbytes > self.tile:
+                if (err == BY_CHOICE or not (one_step or single)) and self.pipelined and nbytes > self.tile:
                     self._pipeline(<char*> src, <char*> dst, nbytes, <reduce_fn_t> reduce_fn, itemsize)
                 elif err == BY_CHOICE or not (one_step or single):
                     self._rounds(<char*> src, <char*> dst, nbytes, <reduce_fn_t> reduce_fn, itemsize)
@@ -621,7 +629,7 @@ cdef class SharedSegment:
             self._raise_copy_error(err)
         if one_step or (single and not err):
             return "one step" if one_step else "single copy"
-        return ("pipeline" if nbytes > self.tile else "rounds") + (" by choice" if err else "")
+        return ("pipeline" if self.pipelined and nbytes > self.tile else "rounds") + (" by choice" if err else "")
 
     def staging(self, int64_t nbytes):
         """This rank's buffer for the next data round, as `nbytes` bytes (a uint8 array over

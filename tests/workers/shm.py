@@ -436,14 +436,19 @@ single_copy_allreduce(np.dtype(np.float64), 2 * SHM_SINGLE_COPY_CHUNK_BYTES // 8
 single_copy_allreduce(np.dtype(np.float32), F32_COUNT, "rounds by rank 0's choice", R == 0, "rounds by choice")
 single_copy_allreduce(np.dtype(np.float32), F32_COUNT, "rounds by another rank's choice", R != 0)
 # Above a buffer the segment's buffers take the pipeline (shm.pyx, _pipeline): tiles that wrap
-# around the slots many times, parts of uneven length, in rank order (np=3), in place right after
-# out=; then tiles of a size that is no multiple of a cache line or of the element.
+# around the slots many times, parts of uneven length, in rank order (np=3, where more ranks than
+# cores would take the rounds: forced), in place right after out=; then tiles of a size that is
+# no multiple of a cache line or of the element.
+c.CHECKS.check(shm.pipelined == (N <= len(os.sched_getaffinity(0))), "pipelined although oversubscribed, or not")
+pipelined = shm.pipelined
+shm.pipelined = True
 single_copy_allreduce(np.dtype(np.float32), SHM_TILE_BYTES // 4 + F32_COUNT, "pipeline by rank 0's choice", R == 0,
                       "pipeline by choice")
 shm.pipeline_tile = 40_004
 single_copy_allreduce(np.dtype(np.float64), SHM_TILE_BYTES // 8 + 4097, "pipeline, odd tiles", R == 0,
                       "pipeline by choice")
 shm.pipeline_tile = SHM_PIPELINE_TILE_BYTES
+shm.pipelined = pipelined
 # Through the API, one buffer over and over: single copy, then the rounds, then the faster
 # (PathTimes), every result exact.
 paths_of = fastring.algorithms.shm._PATHS
@@ -469,11 +474,12 @@ c.expect_error("a failed single copy", lambda: shm.alltoallv(src_address, matrix
 c.CHECKS.check(not rt.transport.single_copy, "single copy is still on after a copy failed")
 
 # Without single copy the same calls go through the segment's buffers: a buffer's worth and
-# N + 1 elements more (the allreduce pipelined); the transport itself in rounds, with parts of
-# one element and empty parts (count < N).
+# N + 1 elements more (the allreduce pipelined, or in rounds where oversubscribed: np=3 on two
+# cores); the transport itself in rounds, with parts of one element and empty parts (count < N).
+above = "pipeline" if shm.pipelined else "rounds"
 dtypes_and_ops([np.dtype(np.int32), np.dtype(np.float16), np.dtype(np.float64)],
-               lambda dt: (SHM_TILE_BYTES // dt.itemsize + N + 1,), "pipeline")
-finished_where_reduced(lambda dt: (SHM_TILE_BYTES // dt.itemsize + N + 1,), "pipeline")
+               lambda dt: (SHM_TILE_BYTES // dt.itemsize + N + 1,), above)
+finished_where_reduced(lambda dt: (SHM_TILE_BYTES // dt.itemsize + N + 1,), above)
 collectives_loops("rounds", shm.tile_bytes)
 counted_allgathers("rounds, streaming stores")
 counted_alltoalls("rounds, streaming stores")
