@@ -68,7 +68,7 @@ class SharedMemory:
 
 class PathTimes:
     """Which path a single-copy-sized allreduce of one buffer takes: single copy or through the
-    segment's buffers (the pipeline), by the fastest of each one's last `kept` times for that
+    segment's buffers (the pipeline; the rounds with more ranks than cores), by the fastest of each one's last `kept` times for that
     buffer (its address and size). The pipeline was the faster at 16 and 64 MiB, most of all
     on memory without huge pages (a copy between processes pins every page it touches), but
     its tiles wait on each other, and with more busy processes than cores it ran 10x slower
