@@ -59,8 +59,7 @@ from .broadcast cimport vm_copy
 from .cycle cimport HASH, HEADER_WORDS, PAYLOAD_BYTES, block_bytes, combine_blocks, lone_payload, lone_result
 from .mpi cimport Link, TransportBase, back_off, now, reduce_fn_t
 
-from .._core.config import (SHM_ACTIVE_SPIN_SECONDS, SHM_ALLREDUCE_ROUNDS_SINGLE_COPY_BYTES,
-                            SHM_ALLREDUCE_SINGLE_COPY_BYTES, SHM_HOT_SPIN_SECONDS,
+from .._core.config import (SHM_ACTIVE_SPIN_SECONDS, SHM_ALLREDUCE_SINGLE_COPY_BYTES, SHM_HOT_SPIN_SECONDS,
                             SHM_PIPELINE_TILE_BYTES,
                             SHM_SINGLE_COPY_BYTES, SHM_SINGLE_COPY_CHUNK_BYTES, SHM_STREAM_PIECE_BYTES,
                             SHM_STREAMING_STORE_BYTES, WAIT_CYCLE_SPIN_SECONDS)
@@ -252,8 +251,7 @@ cdef class SharedSegment:
         s.rank, s.size, s.transport = me, n, transport
         s.oversubscribed = n > len(os.sched_getaffinity(0))
         s.pipelined = not s.oversubscribed
-        s.allreduce_single_copy_bytes = (SHM_ALLREDUCE_SINGLE_COPY_BYTES if s.pipelined
-                                         else SHM_ALLREDUCE_ROUNDS_SINGLE_COPY_BYTES)
+        s.allreduce_single_copy_bytes = SHM_ALLREDUCE_SINGLE_COPY_BYTES
         s.tile = _align(tile_bytes, PAGE)
         s.cycle_bytes = _align(cycle_bytes, PAGE)
         s.table_off = (n + 1) * LINE
