@@ -68,16 +68,17 @@ class SharedMemory:
 
 class PathTimes:
     """Which path a single-copy-sized allreduce of one buffer takes: single copy or through the
-    segment's buffers (the pipeline; the rounds with more ranks than cores), by the fastest of each one's last `kept` times for that
-    buffer (its address and size). The pipeline was the faster at 16 and 64 MiB, most of all
-    on memory without huge pages (a copy between processes pins every page it touches), but
-    its tiles wait on each other, and with more busy processes than cores it ran 10x slower
-    at 64 MiB, where single copy's claimed chunks went on (BENCHMARKS.md, "Issue 18 (round 2,
-    session 5)"). The first call of a buffer goes by single copy, the second pipelined, then
-    the faster, the other again every `retry` calls; the pipeline takes over only once single
-    copy has been timed twice, so that one preempted first call does not send a buffer to
-    the slower path for `retry` calls. Only rank 0's preference counts (the segment publishes
-    it), so the ranks always agree.
+    segment's buffers (the pipeline; the rounds with more ranks than cores), by the fastest of
+    each one's last `kept` times for that buffer (its address and size). The pipeline was the
+    faster at 16 and 64 MiB, most of all on memory without huge pages (a copy between
+    processes pins every page it touches), but its tiles wait on each other, and with more
+    busy processes than cores it ran up to 10x slower, where single copy's claimed chunks went
+    on (BENCHMARKS.md, "Issue 18 (round 2, session 5)"). The calls of a buffer alternate, single
+    copy first, until each path has been timed twice, then the faster runs, the other again
+    every `retry` calls: a first call pays for what it touches first (the segment's pages, a
+    peer preempted), and one slow first time must not send a buffer to the slower path for
+    `retry` calls. Only rank 0's preference counts (the segment publishes it), so the ranks
+    always agree.
 
     Example:
         >>> p = PathTimes(retry=4); key = (0x1000, 16 << 20)
@@ -85,10 +86,12 @@ class PathTimes:
         False
         >>> p.record(key, True, 2e-3); p.prefer_buffers(key)
         True
-        >>> p.record(key, False, 1e-3); p.prefer_buffers(key)   # once more by single copy
+        >>> p.record(key, False, 5e-3); p.prefer_buffers(key)   # a slow first pipelined call
         False
-        >>> p.record(key, True, 2e-3); [p.prefer_buffers(key) for _ in range(4)]
-        [True, True, False, True]
+        >>> p.record(key, True, 2e-3); p.prefer_buffers(key)    # the pipeline's second chance
+        True
+        >>> p.record(key, False, 1e-3); [p.prefer_buffers(key) for _ in range(4)]
+        [True, True, True, False]
     """
 
     most = 256  # buffers remembered; past that the table starts over
@@ -100,12 +103,12 @@ class PathTimes:
 
     def prefer_buffers(self, key: tuple[int, int]) -> bool:
         t = self.times.get(key)
-        if t is None or not t[0]:
+        if t is None:
             return False
-        if not t[1]:
-            return True
+        if len(t[0]) < 2 or len(t[1]) < 2:
+            return len(t[1]) < len(t[0])  # alternating, single copy first
         t[2] += 1
-        return (len(t[0]) > 1 and min(t[1]) < min(t[0])) != (t[2] % self.retry == 0)
+        return (min(t[1]) < min(t[0])) != (t[2] % self.retry == 0)
 
     def record(self, key: tuple[int, int], single_copy: bool, seconds: float) -> None:
         t = self.times.get(key)
