@@ -51,7 +51,7 @@ from libc.stdint cimport int64_t, uint64_t, uintptr_t
 from libc.stdlib cimport free
 from libc.string cimport memcpy
 from posix.fcntl cimport O_CREAT, O_EXCL, O_RDWR
-from posix.mman cimport MAP_SHARED, PROT_READ, PROT_WRITE, mmap, munmap, shm_open, shm_unlink
+from posix.mman cimport MAP_POPULATE, MAP_SHARED, PROT_READ, PROT_WRITE, mmap, munmap, shm_open, shm_unlink
 from posix.types cimport off_t, pid_t
 from posix.unistd cimport close
 
@@ -306,7 +306,9 @@ cdef class SharedSegment:
                 close(fd)
                 shm_unlink(name)
                 return f"posix_fallocate({self.length} bytes in /dev/shm): {os.strerror(err)}"
-        cdef void* p = mmap(NULL, self.length, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0)
+        # every page mapped now, not on its first touch: a first pipelined allreduce faulted in
+        # its slots for 1-2 ms, and PathTimes took that for the path's speed
+        cdef void* p = mmap(NULL, self.length, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0)
         err = _errno()
         close(fd)
         if p == <void*> -1:
