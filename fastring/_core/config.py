@@ -79,13 +79,14 @@ SHM_REDUCESCATTER_MAX_BYTES = 8 << 20
 # times a memcpy per byte on this kind of VM, so they switch only where the rounds' barriers
 # cost more: up to one buffer (SHM_TILE_BYTES: one round) the segment's buffers were faster
 # (BENCHMARKS.md, issue 18, large messages). The allreduce pipelined through the segment's
-# buffers (SHM_PIPELINE_TILE_BYTES) beat single copy at 6-48 MiB in most states of the machine,
-# by 10-25% on huge pages and more on 4 KiB pages, and tied at 256 MiB; but with more busy
-# processes than cores its tiles wait on each other (once 10x longer at 64 MiB, 60 ms a 16 MiB
-# call in one launch), so from SHM_ALLREDUCE_SINGLE_COPY_BYTES the faster of the two for each
-# buffer runs (PathTimes; BENCHMARKS.md, issue 18, session 5). Broadcasts from SHM_COLLECTIVE_MAX_BYTES take
-# the single-copy broadcast instead, which splits the bytes between the root and the readers
-# by their measured speeds and beat both claimed chunks and the segment's buffers.
+# buffers (SHM_PIPELINE_TILE_BYTES) beat single copy at 6-48 MiB in most states of the machine
+# (tied in others), by 10-25% on huge pages and more on 4 KiB pages, and tied at 256 MiB; but
+# with more busy processes than cores its tiles wait on each other (once 10x longer at 64 MiB,
+# 60 ms a 16 MiB call in one launch), so from SHM_ALLREDUCE_SINGLE_COPY_BYTES the faster of
+# the two for each buffer runs (PathTimes; BENCHMARKS.md, issue 18, session 5). Broadcasts
+# from SHM_COLLECTIVE_MAX_BYTES take the single-copy broadcast instead, which splits the bytes
+# between the root and the readers by their measured speeds and beat both claimed chunks and
+# the segment's buffers.
 SHM_SINGLE_COPY_BYTES = SHM_TILE_BYTES
 SHM_ALLREDUCE_SINGLE_COPY_BYTES = 16 << 20
 SHM_SINGLE_COPY_CHUNK_BYTES = 1 << 20
