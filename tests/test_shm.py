@@ -62,28 +62,38 @@ def test_a_segment_left_by_a_killed_creator_is_removed_by_the_next_launch():
 
 def test_path_times():
     """Which path a single-copy-sized allreduce takes for a buffer (algorithms.shm.PathTimes):
-    single copy first, the rounds second, then the one with the fastest of its last `kept`
-    times (the rounds only once single copy was timed twice), the other every `retry` calls;
-    the table starts over past its size. Its docstring example runs too."""
+    single copy and the pipeline alternate, single copy first, until each was timed twice, then
+    the one with the fastest of its last `kept` times, the other every `retry` calls; the table
+    starts over past its size. Its docstring example runs too."""
     from fastring.algorithms import shm
     from conftest import check_doctests
     check_doctests((shm,), more_than=3)
     p = shm.PathTimes(retry=3)
     a, b = (1 << 12, 16 << 20), (2 << 12, 16 << 20)
-    assert p.prefer_rounds(a) is False
+    assert p.prefer_buffers(a) is False
     p.record(a, True, 1e-3)
-    assert p.prefer_rounds(a) is True and p.prefer_rounds(b) is False  # per buffer
-    p.record(a, False, 2e-3)  # single copy faster: the rounds again every third call
-    assert [p.prefer_rounds(a) for _ in range(6)] == [False, False, True, False, False, True]
-    p.record(a, False, 0.5e-3)  # the rounds look faster, but single copy was timed once only
-    assert [p.prefer_rounds(a) for _ in range(3)] == [False, False, True]
-    p.record(a, True, 0.8e-3)  # timed twice: the rounds take over, single copy every third call
-    assert [p.prefer_rounds(a) for _ in range(3)] == [True, True, False]
-    for _ in range(p.kept - 1):  # slower rounds calls: the fastest kept one still counts
-        p.record(a, False, 5e-3)
-    assert p.prefer_rounds(a) is True
+    assert p.prefer_buffers(a) is True and p.prefer_buffers(b) is False  # per buffer
+    p.record(a, False, 0.5e-3)  # the pipeline looks faster, but each path was timed once only
+    assert p.prefer_buffers(a) is False
+    p.record(a, True, 1e-3)
+    assert p.prefer_buffers(a) is True
+    p.record(a, False, 2e-3)  # timed twice each: the pipeline takes over, single copy every third call
+    assert [p.prefer_buffers(a) for _ in range(6)] == [True, True, False, True, True, False]
+    p.record(a, False, 5e-3)  # a slower pipelined call: the fastest kept one still counts
+    assert p.prefer_buffers(a) is True
     p.record(a, False, 5e-3)  # the fast one has left the kept times: single copy is faster
-    assert p.prefer_rounds(a) is False
+    assert p.prefer_buffers(a) is False
+    q = shm.PathTimes(retry=3)  # a slow first pipelined call does not decide
+    q.record(a, True, 1e-3)
+    q.record(a, False, 9e-3)
+    q.record(a, True, 1e-3)
+    assert q.prefer_buffers(a) is True
+    q.record(a, False, 0.6e-3)
+    assert [q.prefer_buffers(a) for _ in range(3)] == [True, True, False]
+    r = shm.PathTimes(retry=3)  # single copy faster: the pipeline again every third call
+    for single in (True, False, True, False):
+        r.record(a, single, 1e-3 if single else 2e-3)
+    assert [r.prefer_buffers(a) for _ in range(6)] == [False, False, True, False, False, True]
     p.most = 2
     p.record(b, True, 1e-3)
     p.record((3 << 12, 16 << 20), True, 1e-3)

@@ -83,14 +83,25 @@ SHM_REDUCESCATTER_MAX_BYTES = 8 << 20
 # round. The ranks claim SHM_SINGLE_COPY_CHUNK_BYTES at a time, so a rank that is preempted
 # holds back one chunk while the others take the rest. A copy between processes costs several
 # times a memcpy per byte on this kind of VM, so they switch only where the rounds' barriers
-# cost more: up to one buffer (SHM_TILE_BYTES: one round) the segment's buffers were faster,
-# and the allreduce switches at four rounds: there it was the faster, at 4-8 MiB the slower
-# (BENCHMARKS.md, issue 18, large messages). Broadcasts from SHM_COLLECTIVE_MAX_BYTES take
-# the single-copy broadcast instead, which splits the bytes between the root and the readers
-# by their measured speeds and beat both claimed chunks and the segment's buffers.
+# cost more: up to one buffer (SHM_TILE_BYTES: one round) the segment's buffers were faster
+# (BENCHMARKS.md, issue 18, large messages). The allreduce pipelined through the segment's
+# buffers (SHM_PIPELINE_TILE_BYTES) beat single copy at 6-48 MiB in most states of the machine
+# (tied in others), by 10-25% on huge pages and more on 4 KiB pages, and tied at 256 MiB; but
+# with more busy processes than cores its tiles wait on each other (once 10x longer at 64 MiB,
+# 60 ms a 16 MiB call in one launch), so from SHM_ALLREDUCE_SINGLE_COPY_BYTES the faster of
+# the two for each buffer runs (PathTimes; BENCHMARKS.md, issue 18, session 5). Broadcasts
+# from SHM_COLLECTIVE_MAX_BYTES take the single-copy broadcast instead, which splits the bytes
+# between the root and the readers by their measured speeds and beat both claimed chunks and
+# the segment's buffers.
 SHM_SINGLE_COPY_BYTES = SHM_TILE_BYTES
 SHM_ALLREDUCE_SINGLE_COPY_BYTES = 16 << 20
 SHM_SINGLE_COPY_CHUNK_BYTES = 1 << 20
+# An allreduce of more than a buffer that does not go by single copy is pipelined through the
+# segment's buffers in tiles of at most this many bytes per rank's part: small enough that a
+# tile one rank stages is still in the cache when another reduces it, large enough that the
+# three flags a tile costs stay small beside its copies (at 16 MiB, 128 and 192 KiB ran alike,
+# 64 and 256 KiB 4-8% slower, 32 KiB 15-20%; BENCHMARKS.md, issue 18, session 5).
+SHM_PIPELINE_TILE_BYTES = 128 * 1024
 # A broadcast on one host streams through the root's ring in the segment (SHM_TILE_BYTES) in
 # pieces of this many bytes (below SHM_STREAMING_STORE_BYTES): the readers copy a piece out
 # while the root copies the next in.

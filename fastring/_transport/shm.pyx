@@ -59,7 +59,7 @@ from libc.stdint cimport int64_t, uint64_t, uintptr_t
 from libc.stdlib cimport free
 from libc.string cimport memcpy
 from posix.fcntl cimport O_CREAT, O_EXCL, O_RDWR
-from posix.mman cimport MAP_SHARED, PROT_READ, PROT_WRITE, mmap, munmap, shm_open, shm_unlink
+from posix.mman cimport MAP_POPULATE, MAP_SHARED, PROT_READ, PROT_WRITE, mmap, munmap, shm_open, shm_unlink
 from posix.types cimport off_t, pid_t
 from posix.unistd cimport close
 
@@ -68,8 +68,8 @@ from .cycle cimport HASH, HEADER_WORDS, PAYLOAD_BYTES, block_bytes, combine_bloc
 from .mpi cimport Link, TransportBase, back_off, now, reduce_fn_t
 
 from .._core.config import (SHM_ACTIVE_SPIN_SECONDS, SHM_ALLREDUCE_SINGLE_COPY_BYTES, SHM_HOT_SPIN_SECONDS,
-                            SHM_PIECES_ROUND_BYTES, SHM_SINGLE_COPY_BYTES, SHM_SINGLE_COPY_CHUNK_BYTES,
-                            SHM_STREAM_EXCHANGE_LEAD_PIECES, SHM_STREAM_EXCHANGE_MAX_BYTES,
+                            SHM_PIECES_ROUND_BYTES, SHM_PIPELINE_TILE_BYTES, SHM_SINGLE_COPY_BYTES,
+                            SHM_SINGLE_COPY_CHUNK_BYTES, SHM_STREAM_EXCHANGE_LEAD_PIECES, SHM_STREAM_EXCHANGE_MAX_BYTES,
                             SHM_STREAM_LARGE_PIECE_BYTES, SHM_STREAM_PIECE_BYTES,
                             SHM_STREAMING_STORE_BYTES, WAIT_CYCLE_SPIN_SECONDS)
 from .._core.errors import FastringError
@@ -160,7 +160,14 @@ DEF SUB_BYTES = 32768   # the reduction's unit: a piece copied and reduced while
 # streams it received (both in bytes of the one stream position every rank counts alike).
 DEF STREAM_SENT = 8
 DEF STREAM_READ = 9
-DEF IN_ROUNDS = -2      # a single-copy allreduce that rank 0 sent in rounds instead
+DEF BY_CHOICE = -2      # a single-copy allreduce that rank 0 sent through the segment's buffers instead
+# In a rank's sequence line, second half: how many tiles of the pipelined allreduce
+# (`_pipeline`) this rank has staged, reduced, and finished (copied every other part out),
+# counted over every pipelined call so far, alike on every rank.
+DEF PIPE_STAGED = 10
+DEF PIPE_REDUCED = 11
+DEF PIPE_DONE = 12
+DEF PIPE_SLOTS = 2      # slots (of a tile per part) per rank's buffer, used in turn
 
 cdef double _CYCLE_SPIN = WAIT_CYCLE_SPIN_SECONDS
 cdef double _HOT_SPIN = SHM_HOT_SPIN_SECONDS
@@ -229,6 +236,14 @@ cdef inline int64_t _part_start(int r, int n, int64_t count) noexcept nogil:
 ctypedef void (*finish_fn_t)(void* dst, int64_t count, int64_t divisor, double factor) noexcept nogil
 
 
+cdef struct PipeCall:  # one pipelined allreduce (SharedSegment._pipeline)
+    char* src
+    char* dst
+    reduce_fn_t reduce
+    int64_t isz, count, per  # bytes per element, elements, elements per tile of a part
+    uint64_t round_, steps   # its data round, tiles per part
+
+
 cdef inline int64_t _align(int64_t n, int64_t to) noexcept nogil:
     return (n + to - 1) // to * to
 
@@ -294,6 +309,7 @@ cdef class SharedSegment:
     cdef int64_t chunk         # bytes per claimed chunk of a single-copy call
     cdef int64_t stream_off, stream_piece, large_piece, ring
     cdef uint64_t streamed     # the stream position: bytes every streamed broadcast so far moved
+    cdef uint64_t piped        # tiles every pipelined allreduce so far ran (`_pipeline`)
     # Where single copy starts (SHM_SINGLE_COPY_BYTES, SHM_ALLREDUCE_SINGLE_COPY_BYTES); tests
     # lower them, on every rank alike, to run small messages that way.
     cdef public int64_t single_copy_bytes, allreduce_single_copy_bytes
@@ -301,6 +317,11 @@ cdef class SharedSegment:
     # allgather_rows and alltoall_rows stream when each rank's output is at most this many bytes
     # (SHM_STREAM_EXCHANGE_MAX_BYTES); tests change it, on every rank alike
     cdef public int64_t stream_exchange_bytes
+    cdef public int64_t pipeline_tile  # bytes per part and tile of a pipelined allreduce, at most
+    # Whether an allreduce of more than a buffer is pipelined (`_pipeline`) rather than in rounds:
+    # unless more ranks than cores share the host, where every one of its many waits per call
+    # may wait for a rank that is not running (8 MiB at np=3 on 2 cores: 50 ms, median).
+    cdef public bint pipelined
     cdef char* scratch         # two chunks of private memory: an accumulator and a landing place
     # More ranks than this process may run on cores: a spinning wait yields its core at once.
     # Otherwise only after SHM_HOT_SPIN_SECONDS (SHM_ACTIVE_SPIN_SECONDS in a run of back-to-back
@@ -342,6 +363,8 @@ cdef class SharedSegment:
         cdef SharedSegment s = SharedSegment.__new__(SharedSegment)
         s.rank, s.size, s.transport = me, n, transport
         s.oversubscribed = n > len(os.sched_getaffinity(0))
+        s.pipelined = not s.oversubscribed
+        s.allreduce_single_copy_bytes = SHM_ALLREDUCE_SINGLE_COPY_BYTES
         s.tile = _align(tile_bytes, PAGE)
         s.cycle_bytes = _align(cycle_bytes, PAGE)
         s.table_off = (n + 1) * LINE
@@ -349,9 +372,9 @@ cdef class SharedSegment:
         s.cycle_off = _align(s.table_off + n * s.table_stride, PAGE)
         s.chunk = _align(SHM_SINGLE_COPY_CHUNK_BYTES, PAGE)
         s.single_copy_bytes = SHM_SINGLE_COPY_BYTES
-        s.allreduce_single_copy_bytes = SHM_ALLREDUCE_SINGLE_COPY_BYTES
         s.streaming_bytes = SHM_STREAMING_STORE_BYTES
         s.stream_exchange_bytes = SHM_STREAM_EXCHANGE_MAX_BYTES
+        s.pipeline_tile = SHM_PIPELINE_TILE_BYTES
         s.scratch = <char*> aligned_alloc(PAGE, 2 * s.chunk)
         if s.scratch == NULL:
             raise MemoryError()
@@ -403,7 +426,9 @@ cdef class SharedSegment:
                 close(fd)
                 shm_unlink(name)
                 return f"posix_fallocate({self.length} bytes in /dev/shm): {os.strerror(err)}"
-        cdef void* p = mmap(NULL, self.length, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0)
+        # every page mapped now, not on its first touch: a first pipelined allreduce faulted in
+        # its slots for 1-2 ms, and PathTimes took that for the path's speed
+        cdef void* p = mmap(NULL, self.length, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0)
         err = _errno()
         close(fd)
         if p == <void*> -1:
@@ -586,13 +611,13 @@ cdef class SharedSegment:
         return err
 
     cdef int _single_copy_allreduce(self, char* src, char* dst, int64_t nbytes, reduce_fn_t reduce,
-                                    int64_t itemsize, bint rounds) except -1 nogil:
+                                    int64_t itemsize, bint buffers) except -1 nogil:
         """Whoever claims a chunk reduces it over every rank, in rank order, and writes the
         result into every rank's `dst`: one reducer per chunk, so the same bits everywhere.
         In place, a chunk of a rank's input is overwritten only by its own reducer, after it
-        read it. Rank 0's `rounds`, published with its addresses, sends every rank to the
-        rounds instead after the first barrier (nothing has been copied then): returns
-        IN_ROUNDS."""
+        read it. Rank 0's `buffers`, published with its addresses, sends every rank through the
+        segment's buffers instead after the first barrier (nothing has been copied then):
+        returns BY_CHOICE."""
         cdef int n = self.size, me = self.rank, r, err = 0
         cdef const pid_t* pids = self.transport.pids
         cdef int64_t per = self.chunk // itemsize * itemsize, at, k
@@ -601,10 +626,10 @@ cdef class SharedSegment:
         self._table(me)[1] = <uint64_t> src
         self._table(me)[1 + n] = <uint64_t> dst
         if me == 0:
-            self._table(0)[1 + 2 * n] = rounds
+            self._table(0)[1 + 2 * n] = buffers
         self._data_arrive()
         if self._table(0)[1 + 2 * n]:
-            return IN_ROUNDS
+            return BY_CHOICE
         first = self._chunks((nbytes + per - 1) // per)
         end = self.claimed
         while not err:
@@ -677,7 +702,7 @@ cdef class SharedSegment:
     # stall every round); only a slow wait's stall hook takes it.
 
     def allreduce(self, uintptr_t src, uintptr_t dst, int64_t nbytes, uintptr_t reduce_fn,
-                  int64_t itemsize, bint one_step, bint prefer_rounds=False, uintptr_t finish_fn=0,
+                  int64_t itemsize, bint one_step, bint prefer_buffers=False, uintptr_t finish_fn=0,
                   int64_t divisor=1, double factor=1.0):
         """Allreduce `nbytes` at `src` into `dst` (may be `src`) with `reduce_fn`
         (dst = dst op src, a reduction cfunc over `itemsize`-byte elements), then, given
@@ -688,18 +713,20 @@ cdef class SharedSegment:
         buffer, and after one barrier reduces all of them, in rank order, into `dst`: the
         same bits everywhere, one synchronisation. From SHM_ALLREDUCE_SINGLE_COPY_BYTES, where the
         ranks may copy between their memories, by single copy (the module docstring).
-        Otherwise, in rounds of up to a buffer:
-        every rank copies the parts of its input that the others reduce into its buffer,
-        reduces its own part (its input and every peer's copy of that part, piece by piece
-        while it is in L1) into its buffer and `dst`, and after a second barrier copies the
-        others' reduced parts into `dst`. Each element is reduced by one rank (or by all
-        alike), so `dst` holds the same bits on every rank.
+        Otherwise through the segment's buffers: up to a buffer in one round, where every rank
+        copies the parts of its input that the others reduce into its buffer, reduces its own
+        part (its input and every peer's copy of that part, piece by piece while it is in L1)
+        into its buffer and `dst`, and after a second barrier copies the others' reduced parts
+        into `dst`; above a buffer the same pipelined tile by tile (`_pipeline`; in rounds of a
+        buffer where more ranks than cores share the host: `pipelined`). Each element
+        is reduced by one rank (or by all alike), so `dst` holds the same bits on every rank.
 
-        Where single copy could run, rank 0's `prefer_rounds` (the others' is ignored, so
-        that every rank takes the same path) sends the call in rounds instead: a copy between
-        processes pins every page it touches, and on memory without huge pages the rounds
-        were the faster. Returns which path ran: "one step", "rounds", "rounds by choice" or
-        "single copy"."""
+        Where single copy could run, rank 0's `prefer_buffers` (the others' is ignored, so
+        that every rank takes the same path) sends the call through the segment's buffers
+        instead: a copy between processes pins every page it touches, and on a machine
+        running more than the ranks the pipeline's tiles wait on each other (PathTimes
+        chooses). Returns which path ran: "one step", "rounds", "pipeline", "rounds by
+        choice", "pipeline by choice" or "single copy"."""
         self._check()
         if nbytes % itemsize or nbytes < 0 or itemsize <= 0:
             raise ValueError(f"nbytes ({nbytes}) must be a multiple of itemsize ({itemsize})")
@@ -717,17 +744,19 @@ cdef class SharedSegment:
                     self._one_step(<char*> src, <char*> dst, nbytes, <reduce_fn_t> reduce_fn, itemsize)
                 elif single:
                     err = self._single_copy_allreduce(<char*> src, <char*> dst, nbytes,
-                                                      <reduce_fn_t> reduce_fn, itemsize, prefer_rounds)
-                if err == IN_ROUNDS or not (one_step or single):
+                                                      <reduce_fn_t> reduce_fn, itemsize, prefer_buffers)
+                if (err == BY_CHOICE or not (one_step or single)) and self.pipelined and nbytes > self.tile:
+                    self._pipeline(<char*> src, <char*> dst, nbytes, <reduce_fn_t> reduce_fn, itemsize)
+                elif err == BY_CHOICE or not (one_step or single):
                     self._rounds(<char*> src, <char*> dst, nbytes, <reduce_fn_t> reduce_fn, itemsize)
         except BaseException:
             self._failed()
             raise
-        if err == IN_ROUNDS:
-            return "rounds by choice"
-        if err:
+        if err and err != BY_CHOICE:
             self._raise_copy_error(err)
-        return "one step" if one_step else "single copy" if single else "rounds"
+        if one_step or (single and not err):
+            return "one step" if one_step else "single copy"
+        return ("pipeline" if self.pipelined and nbytes > self.tile else "rounds") + (" by choice" if err else "")
 
     cdef int _one_step(self, char* src, char* dst, int64_t nbytes, reduce_fn_t reduce,
                        int64_t itemsize) except -1 nogil:
@@ -748,7 +777,7 @@ cdef class SharedSegment:
         cdef int n = self.size, me = self.rank, r
         cdef int64_t count = nbytes // itemsize, per_round = self.tile // itemsize
         cdef int64_t sub = max(1, SUB_BYTES // itemsize)
-        cdef int64_t done = 0, c, base, extra, lo, hi, off, k
+        cdef int64_t done = 0, c, lo, hi, off, k
         cdef uint64_t round_
         cdef char* mine
         cdef char* s
@@ -756,42 +785,32 @@ cdef class SharedSegment:
         cdef char* acc
         while done < count:
             c = min(per_round, count - done)
-            base, extra = c // n, c % n
             round_ = self.data_rounds
             self.data_rounds += 1
             mine = self._data(me, round_)
             s, d = src + done * itemsize, dst + done * itemsize
             for r in range(n):
-                if r != me and s != mine:  # else the input was staged there (`staging`)
-                    lo = r * base + min(r, extra)
-                    hi = lo + base + (1 if r < extra else 0)
+                if r != me:
+                    lo, hi = _part_start(r, n, c), _part_start(r + 1, n, c)
                     memcpy(mine + lo * itemsize, s + lo * itemsize, (hi - lo) * itemsize)
             self._data_arrive()
-            lo = me * base + min(me, extra)
-            hi = lo + base + (1 if me < extra else 0)
-            # The accumulator: this rank's buffer, unless its input was staged there and rank 0's
-            # part must go first (it would overwrite the input before it is read): then `d`.
-            acc = mine if s != mine or me == 0 else d
+            lo, hi = _part_start(me, n, c), _part_start(me + 1, n, c)
             off = lo
             while off < hi:
-                # in rank order, as every other path: the same bits whichever path a call takes
+                # in rank order, as every other path: the same bits whichever path a call takes;
+                # accumulated in this rank's buffer, where the others copy it from
                 k = min(sub, hi - off)
-                if acc != s:  # else rank 0's own input, staged where it accumulates
-                    memcpy(acc + off * itemsize, (s if me == 0 else self._data(0, round_)) + off * itemsize,
-                           k * itemsize)
+                acc = mine + off * itemsize
+                memcpy(acc, (s if me == 0 else self._data(0, round_)) + off * itemsize, k * itemsize)
                 for r in range(1, n):
-                    reduce(acc + off * itemsize, (s if r == me else self._data(r, round_)) + off * itemsize, k)
-                self._finish_piece(acc + off * itemsize, k)
-                if acc == mine:
-                    memcpy(d + off * itemsize, mine + off * itemsize, k * itemsize)
-                else:
-                    memcpy(mine + off * itemsize, d + off * itemsize, k * itemsize)
+                    reduce(acc, (s if r == me else self._data(r, round_)) + off * itemsize, k)
+                self._finish_piece(acc, k)
+                memcpy(d + off * itemsize, acc, k * itemsize)
                 off += k
             self._data_arrive()
             for r in range(n):
                 if r != me:
-                    lo = r * base + min(r, extra)
-                    hi = lo + base + (1 if r < extra else 0)
+                    lo, hi = _part_start(r, n, c), _part_start(r + 1, n, c)
                     memcpy(d + lo * itemsize, self._data(r, round_) + lo * itemsize, (hi - lo) * itemsize)
             done += c
         return 0
@@ -889,6 +908,109 @@ cdef class SharedSegment:
                     memcpy(dst + (done + off) * itemsize, self._data(r, round_) + off * itemsize,
                            (end - off) * itemsize)
             done += c
+        return 0
+
+    cdef int _pipeline(self, char* src, char* dst, int64_t nbytes, reduce_fn_t reduce,
+                       int64_t itemsize) except -1 nogil:
+        """The rounds without their round barriers, in tiles small enough that what one rank
+        writes is still in the cache when another reads it. Every rank's part is cut into
+        tiles; for tile k each rank copies its input's tile k of every other part into a slot of
+        its buffer (stage), reduces tile k of its own part from its input and every other
+        rank's staged copy, in rank order, into rank 0's slot of that part and `dst` (reduce),
+        then copies every other part's reduced tile k from rank 0's slots into `dst` (out), onto
+        the lines it staged from a moment before, still in its L2. Accumulating in rank 0's
+        staged copy makes two passes over each piece where a slot of the reducer's own made
+        three (15% slower at 16 MiB); staging a tile ahead or copying out a tile behind put
+        more between the stage and the out (5-10% slower). One counter per stage and rank,
+        counted over every pipelined call so far, is all the synchronisation; a rank writes a
+        slot again only when every rank is done with the tile PIPE_SLOTS earlier in it: with
+        two, a rank stages tile k while a slower one still copies tile k - 1 out, and the
+        slots stay small beside the L2. The call is one data round: it uses only this round's
+        buffer of each rank, and a rank cannot leave it before every other rank has reduced its
+        last tile, so before the next round reuses the buffer every rank has finished reading
+        it."""
+        cdef PipeCall c
+        cdef uint64_t k
+        c.src, c.dst, c.reduce, c.isz, c.count = src, dst, reduce, itemsize, nbytes // itemsize
+        c.per = max(1, min(self.pipeline_tile, self.tile // (PIPE_SLOTS * self.size)) // itemsize)
+        c.round_ = self.data_rounds
+        c.steps = <uint64_t> ((c.count // self.size + (1 if c.count % self.size else 0) + c.per - 1) // c.per)
+        self.data_rounds += 1
+        for k in range(c.steps):
+            self._pipe_stage(&c, k)
+            self._pipe_reduce(&c, k)
+            self._pipe_out(&c, k)
+        self.piped += c.steps
+        return 0
+
+    cdef inline char* _pipe_slot(self, const PipeCall* c, int r, uint64_t k, int part) noexcept nogil:
+        """Where rank r's tile k of part `part` lies in r's buffer: its staged copy of that
+        part; in rank 0's buffer, once reduced, the reduced tile."""
+        return (self._data(r, c.round_) + <int64_t> ((self.piped + k) % PIPE_SLOTS) * self.size * c.per * c.isz
+                + part * c.per * c.isz)
+
+    cdef inline int64_t _pipe_tile(self, const PipeCall* c, int part, uint64_t k, int64_t* hi) noexcept nogil:
+        """Tile k of `part`: its first element (returned) and its end (`hi`; hi <= first: empty)."""
+        cdef int64_t lo = _part_start(part, self.size, c.count) + <int64_t> k * c.per
+        hi[0] = min(lo + c.per, _part_start(part + 1, self.size, c.count))
+        return lo
+
+    cdef int _pipe_stage(self, const PipeCall* c, uint64_t k) except -1 nogil:
+        cdef Link* link = &self.transport.link
+        cdef uint64_t pos = self.piped + k
+        cdef int r
+        cdef int64_t lo, hi
+        if pos >= PIPE_SLOTS:
+            self._await(PIPE_DONE, pos - PIPE_SLOTS + 1, -1, self.rank, link.spin, link.interval, link.hook)
+        for r in range(self.size):
+            if r != self.rank:
+                lo = self._pipe_tile(c, r, k, &hi)
+                if hi > lo:
+                    memcpy(self._pipe_slot(c, self.rank, k, r), c.src + lo * c.isz, (hi - lo) * c.isz)
+        self._publish(PIPE_STAGED, pos + 1)
+        return 0
+
+    cdef int _pipe_reduce(self, const PipeCall* c, uint64_t k) except -1 nogil:
+        cdef Link* link = &self.transport.link
+        cdef int me = self.rank, r
+        cdef int64_t isz = c.isz, sub = max(1, SUB_BYTES // c.isz), hi, m
+        cdef int64_t lo = self._pipe_tile(c, me, k, &hi), off = 0
+        # The reduced tile goes where every rank copies it from: rank 0's slot of this part, which
+        # holds rank 0's staged input, the first operand in rank order, so that a rank after 0
+        # accumulates there. Rank 0 reduces in place straight in its result (its input being the
+        # first operand), and copies the tile into its slot after.
+        cdef char* res = self._pipe_slot(c, 0, k, me)
+        cdef char* mine = c.src + lo * isz
+        cdef char* out = c.dst + lo * isz
+        cdef bint direct = me == 0 and c.src == c.dst
+        self._await(PIPE_STAGED, self.piped + k + 1, -1, me, link.spin, link.interval, link.hook)
+        while off < hi - lo:  # in rank order, piece by piece while in L1
+            m = min(sub, hi - lo - off)
+            if me == 0 and not direct:
+                memcpy(res + off * isz, mine + off * isz, m * isz)
+            for r in range(1, self.size):
+                c.reduce((out if direct else res) + off * isz,
+                         (mine if r == me else self._pipe_slot(c, r, k, me)) + off * isz, m)
+            self._finish_piece((out if direct else res) + off * isz, m)
+            if direct:
+                memcpy(res + off * isz, out + off * isz, m * isz)
+            else:
+                memcpy(out + off * isz, res + off * isz, m * isz)
+            off += m
+        self._publish(PIPE_REDUCED, self.piped + k + 1)
+        return 0
+
+    cdef int _pipe_out(self, const PipeCall* c, uint64_t k) except -1 nogil:
+        cdef Link* link = &self.transport.link
+        cdef int r
+        cdef int64_t lo, hi
+        self._await(PIPE_REDUCED, self.piped + k + 1, -1, self.rank, link.spin, link.interval, link.hook)
+        for r in range(self.size):
+            if r != self.rank:
+                lo = self._pipe_tile(c, r, k, &hi)
+                if hi > lo:
+                    memcpy(c.dst + lo * c.isz, self._pipe_slot(c, 0, k, r), (hi - lo) * c.isz)
+        self._publish(PIPE_DONE, self.piped + k + 1)
         return 0
 
     def gatherv(self, uintptr_t src, uintptr_t dst, const int64_t[::1] counts,

@@ -16,10 +16,11 @@ class SharedMemory:
     """Every rank copies its input into its buffer of the segment and reduces its part of the
     result by reading the others' buffers directly, then copies the other parts from where
     they were reduced (one barrier up to SHM_ONE_STEP_BYTES, where every rank reduces the
-    whole message in rank order instead; from SHM_ALLREDUCE_SINGLE_COPY_BYTES, where the ranks
-    may copy between their memories, each chunk is read from every rank, reduced and written
-    into every rank by whichever rank claims it, or in rounds where they measured faster for
-    that buffer: `PathTimes`). Any dtype and op the kernels reduce; each
+    whole message in rank order instead; above a buffer of the segment the same pipelined tile
+    by tile; from SHM_ALLREDUCE_SINGLE_COPY_BYTES, where the ranks may copy between their
+    memories, each chunk is read from every rank, reduced and written into every rank by
+    whichever rank claims it, or pipelined where that measured faster for that buffer:
+    `PathTimes`). Any dtype and op the kernels reduce; each
     element is reduced by one rank (or by all alike), so the results are bitwise identical
     everywhere."""
 
@@ -73,35 +74,39 @@ class SharedMemory:
                 key = (array_address(flat), flat.nbytes)
                 start = time.perf_counter()
                 ran = shm.allreduce(array_address(src), key[0], flat.nbytes, reduce_fn, itemsize, one_step,
-                                    _PATHS.prefer_rounds(key), *finishing)
-                if ran in ("single copy", "rounds by choice"):
+                                    _PATHS.prefer_buffers(key), *finishing)
+                if ran == "single copy" or ran.endswith("by choice"):
                     _PATHS.record(key, ran == "single copy", time.perf_counter() - start)
             if not fused:
                 finish(flat)
 
 
 class PathTimes:
-    """Which path a single-copy-sized allreduce of one buffer takes: single copy or the rounds,
-    by the fastest of each one's last `kept` times for that buffer (its address and size). A
-    copy between processes pins every page it touches, so it ran 1.7x slower on memory without
-    huge pages than with them, where the rounds (plain copies through the segment) do not
-    care; which one a buffer has is up to the kernel (BENCHMARKS.md, "Issue 18 (round 2,
-    session 4)"). The first call of a buffer goes by single copy, the second in rounds, then
-    the faster, the other again every `retry` calls; the rounds take over only once single
-    copy has been timed twice, so that one preempted first call does not send a buffer to
-    the slower path for `retry` calls. Only rank 0's preference counts (the segment publishes
-    it), so the ranks always agree.
+    """Which path a single-copy-sized allreduce of one buffer takes: single copy or through the
+    segment's buffers (the pipeline; the rounds with more ranks than cores), by the fastest of
+    each one's last `kept` times for that buffer (its address and size). The pipeline was the
+    faster at 16 and 64 MiB, most of all on memory without huge pages (a copy between
+    processes pins every page it touches), but its tiles wait on each other, and with more
+    busy processes than cores it ran up to 10x slower, where single copy's claimed chunks went
+    on (BENCHMARKS.md, "Issue 18 (round 2, session 5)"). The calls of a buffer alternate, single
+    copy first, until each path has been timed twice, then the faster runs, the other again
+    every `retry` calls: a first call pays for what it touches first (the segment's pages, a
+    peer preempted), and one slow first time must not send a buffer to the slower path for
+    `retry` calls. Only rank 0's preference counts (the segment publishes it), so the ranks
+    always agree.
 
     Example:
         >>> p = PathTimes(retry=4); key = (0x1000, 16 << 20)
-        >>> p.prefer_rounds(key)
+        >>> p.prefer_buffers(key)
         False
-        >>> p.record(key, True, 2e-3); p.prefer_rounds(key)
+        >>> p.record(key, True, 2e-3); p.prefer_buffers(key)
         True
-        >>> p.record(key, False, 1e-3); p.prefer_rounds(key)   # once more by single copy
+        >>> p.record(key, False, 5e-3); p.prefer_buffers(key)   # a slow first pipelined call
         False
-        >>> p.record(key, True, 2e-3); [p.prefer_rounds(key) for _ in range(4)]
-        [True, True, False, True]
+        >>> p.record(key, True, 2e-3); p.prefer_buffers(key)    # the pipeline's second chance
+        True
+        >>> p.record(key, False, 1e-3); [p.prefer_buffers(key) for _ in range(4)]
+        [True, True, True, False]
     """
 
     most = 256  # buffers remembered; past that the table starts over
@@ -109,16 +114,16 @@ class PathTimes:
 
     def __init__(self, retry: int = SHM_ALLREDUCE_RETRY_CALLS):
         self.retry = retry
-        self.times: dict[tuple[int, int], list] = {}  # key -> [single copy times, rounds times, calls]
+        self.times: dict[tuple[int, int], list] = {}  # key -> [single copy times, pipeline times, calls]
 
-    def prefer_rounds(self, key: tuple[int, int]) -> bool:
+    def prefer_buffers(self, key: tuple[int, int]) -> bool:
         t = self.times.get(key)
-        if t is None or not t[0]:
+        if t is None:
             return False
-        if not t[1]:
-            return True
+        if len(t[0]) < 2 or len(t[1]) < 2:
+            return len(t[1]) < len(t[0])  # alternating, single copy first
         t[2] += 1
-        return (len(t[0]) > 1 and min(t[1]) < min(t[0])) != (t[2] % self.retry == 0)
+        return (min(t[1]) < min(t[0])) != (t[2] % self.retry == 0)
 
     def record(self, key: tuple[int, int], single_copy: bool, seconds: float) -> None:
         t = self.times.get(key)

@@ -33,9 +33,10 @@ import numpy as np
 
 import _common as c
 import fastring
-from fastring._core.config import (SHM_ONE_STEP_BYTES, SHM_PIECES_ROUND_BYTES, SHM_SINGLE_COPY_CHUNK_BYTES,
-                                   SHM_STREAM_EXCHANGE_MAX_BYTES, SHM_STREAM_LARGE_PIECE_BYTES, SHM_STREAM_PIECE_BYTES,
-                                   SHM_STREAMING_STORE_BYTES, SHM_TILE_BYTES)
+from fastring._core.config import (SHM_ONE_STEP_BYTES, SHM_PIECES_ROUND_BYTES, SHM_PIPELINE_TILE_BYTES,
+                                   SHM_SINGLE_COPY_CHUNK_BYTES, SHM_STREAM_EXCHANGE_MAX_BYTES,
+                                   SHM_STREAM_LARGE_PIECE_BYTES, SHM_STREAM_PIECE_BYTES, SHM_STREAMING_STORE_BYTES,
+                                   SHM_TILE_BYTES)
 from fastring._core.runtime import runtime
 from fastring._transport import CYCLE_HEADER_WORDS, SPECULATION_FAILED, array_address
 from fastring._transport.shm import copy_streaming
@@ -521,7 +522,7 @@ def rank_order(inputs, op):
     return acc
 
 
-def single_copy_allreduce(dtype, count, tag, prefer_rounds=False, path="single copy"):
+def single_copy_allreduce(dtype, count, tag, prefer_buffers=False, path="single copy"):
     fn = kernels.reduce_cfunc(KERNEL_OP[fastring.Sum], dtype)
     inputs = [np.random.default_rng([500 + count, r]).standard_normal(count).astype(dtype) for r in range(N)]
     expected = rank_order(inputs, np.add)
@@ -531,11 +532,11 @@ def single_copy_allreduce(dtype, count, tag, prefer_rounds=False, path="single c
         c.CHECKS.check(np.any(expected != inputs[0] + (inputs[1] + inputs[2])), f"{tag}: order does not matter")
     x = inputs[R].copy()
     out = np.full_like(x, np.nan)
-    ran = shm.allreduce(array_address(x), array_address(out), x.nbytes, fn, dtype.itemsize, False, prefer_rounds)
+    ran = shm.allreduce(array_address(x), array_address(out), x.nbytes, fn, dtype.itemsize, False, prefer_buffers)
     c.CHECKS.check(ran == path, f"{tag}: ran {ran!r}, not {path!r}")
     c.check_close(f"{tag} out=", out, expected, 0)
     c.check_close(f"{tag} input", x, inputs[R], 0)
-    ran = shm.allreduce(array_address(x), array_address(x), x.nbytes, fn, dtype.itemsize, False, prefer_rounds)
+    ran = shm.allreduce(array_address(x), array_address(x), x.nbytes, fn, dtype.itemsize, False, prefer_buffers)
     c.CHECKS.check(ran == path, f"{tag} in place: ran {ran!r}, not {path!r}")
     c.check_close(f"{tag} in place", x, expected, 0)
     c.check_identical(tag, x)
@@ -547,6 +548,20 @@ single_copy_allreduce(np.dtype(np.float64), 2 * SHM_SINGLE_COPY_CHUNK_BYTES // 8
 # Rank 0's preference for the rounds sends every rank there; another rank's alone does not.
 single_copy_allreduce(np.dtype(np.float32), F32_COUNT, "rounds by rank 0's choice", R == 0, "rounds by choice")
 single_copy_allreduce(np.dtype(np.float32), F32_COUNT, "rounds by another rank's choice", R != 0)
+# Above a buffer the segment's buffers take the pipeline (shm.pyx, _pipeline): tiles that wrap
+# around the slots many times, parts of uneven length, in rank order (np=3, where more ranks than
+# cores would take the rounds: forced), in place right after out=; then tiles of a size that is
+# no multiple of a cache line or of the element.
+c.CHECKS.check(shm.pipelined == (N <= len(os.sched_getaffinity(0))), "pipelined although oversubscribed, or not")
+pipelined = shm.pipelined
+shm.pipelined = True
+single_copy_allreduce(np.dtype(np.float32), SHM_TILE_BYTES // 4 + F32_COUNT, "pipeline by rank 0's choice", R == 0,
+                      "pipeline by choice")
+shm.pipeline_tile = 40_004
+single_copy_allreduce(np.dtype(np.float64), SHM_TILE_BYTES // 8 + 4097, "pipeline, odd tiles", R == 0,
+                      "pipeline by choice")
+shm.pipeline_tile = SHM_PIPELINE_TILE_BYTES
+shm.pipelined = pipelined
 # Through the API, one buffer over and over: single copy, then the rounds, then the faster
 # (PathTimes), every result exact.
 paths_of = fastring.algorithms.shm._PATHS
@@ -571,12 +586,13 @@ c.expect_error("a failed single copy", lambda: shm.alltoallv(src_address, matrix
                                                              displs), fastring.FastringError, "Bad address", "off")
 c.CHECKS.check(not rt.transport.single_copy, "single copy is still on after a copy failed")
 
-# Without single copy the same calls go in rounds through the segment's buffers: a buffer's
-# worth and N + 1 elements more; the transport itself with parts of one element and empty
-# parts (count < N).
+# Without single copy the same calls go through the segment's buffers: a buffer's worth and
+# N + 1 elements more (the allreduce pipelined, or in rounds where oversubscribed: np=3 on two
+# cores); the transport itself in rounds, with parts of one element and empty parts (count < N).
+above = "pipeline" if shm.pipelined else "rounds"
 dtypes_and_ops([np.dtype(np.int32), np.dtype(np.float16), np.dtype(np.float64)],
-               lambda dt: (SHM_TILE_BYTES // dt.itemsize + N + 1,), "rounds")
-finished_where_reduced(lambda dt: (SHM_TILE_BYTES // dt.itemsize + N + 1,), "rounds")
+               lambda dt: (SHM_TILE_BYTES // dt.itemsize + N + 1,), above)
+finished_where_reduced(lambda dt: (SHM_TILE_BYTES // dt.itemsize + N + 1,), above)
 collectives_loops("rounds", shm.tile_bytes)
 unstreamed(counted_allgathers, "rounds, streaming stores")
 unstreamed(counted_alltoalls, "rounds, streaming stores")
