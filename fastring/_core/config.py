@@ -76,6 +76,7 @@ SHM_COLLECTIVE_MAX_BYTES = 1 << 20
 # above: its copy in and L1-blocked reduce out beat the ring at 2 and 8 MiB of input and lost
 # at 32 MiB by 2x (BENCHMARKS.md, issue 18, the other collectives at 1 and 16 MiB).
 SHM_REDUCESCATTER_MAX_BYTES = 8 << 20
+SHM_REDUCESCATTER_ROUND_BYTES = 4 << 20
 # Where the ranks may copy between their memories (Cross Memory Attach), allgather and
 # alltoall from SHM_SINGLE_COPY_BYTES moved between the ranks, and allreduce from
 # SHM_ALLREDUCE_SINGLE_COPY_BYTES, copy straight between the ranks' buffers instead of through
@@ -188,12 +189,13 @@ class Config:
     shm: bool = True
 
 
-# The settings every rank must share, by Config field: they decide which messages the ranks
-# exchange (the algorithm, whether the segment is attached, how requests are cut into
-# batches), so two values would pair messages of different algorithms or lengths and hang.
-# `init` compares them across ranks before anything else.
-AGREED_SETTINGS = {"algorithm": "FASTRING_ALGORITHM", "shm": "FASTRING_SHM",
-                   "fusion_threshold": "FASTRING_FUSION_THRESHOLD"}
+# The settings the ranks must share, by Config field: they decide which messages the ranks
+# exchange (the algorithm, how requests are cut into batches: every rank of the job; whether
+# a host's segment is attached: every rank of that host, as a host whose segment cannot be
+# mapped goes without one), so two values would pair messages of different algorithms or
+# lengths and hang. `init` compares them before anything else.
+AGREED_SETTINGS = {"algorithm": "FASTRING_ALGORITHM", "fusion_threshold": "FASTRING_FUSION_THRESHOLD"}
+HOST_AGREED_SETTINGS = {"shm": "FASTRING_SHM"}
 
 
 def _number(env: dict, key: str, default, cast):

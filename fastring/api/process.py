@@ -55,30 +55,40 @@ def init(comm: MPI.Comm | None = None, process_sets=None) -> None:
 
 def _agreed_config(comm: MPI.Comm) -> _config.Config:
     """This rank's Config from the environment, once every rank of `comm` has read its own
-    and they agree on `config.AGREED_SETTINGS`. A bad value raises ValueError on its rank and
+    and they agree on `config.AGREED_SETTINGS` (and the ranks of each host on
+    `config.HOST_AGREED_SETTINGS`). A bad value raises ValueError on its rank and
     FastringError naming that rank on the others; settings that differ raise FastringError
     on every rank, naming the variable and each rank's value. Nothing is left waiting."""
     try:
         config = _config.from_environment()
         check_setting(config.algorithm)
-        problem, shared = None, tuple(getattr(config, f) for f in _config.AGREED_SETTINGS)
+        problem = None
     except ValueError as e:
-        problem, shared = e, None
-    everyone = comm.allgather((None if problem is None else str(problem), shared))
+        config, problem = None, e
+    fields = [*_config.AGREED_SETTINGS, *_config.HOST_AGREED_SETTINGS]
+    local = comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.Get_rank())
+    try:
+        host = local.bcast(comm.Get_rank(), root=0)  # the host's first rank names it
+    finally:
+        local.Free()
+    everyone = comm.allgather((None if problem is None else str(problem), host,
+                               None if config is None else tuple(getattr(config, f) for f in fields)))
     if problem is not None:
         raise problem
-    for r, (why, _) in enumerate(everyone):
+    for r, (why, _, _) in enumerate(everyone):
         if why is not None:
             raise FastringError(f"fastring could not start: rank {r}: {why}")
-    for i, variable in enumerate(_config.AGREED_SETTINGS.values()):
-        ranks_by_value: dict = {}
-        for r, (_, values) in enumerate(everyone):
-            ranks_by_value.setdefault(values[i], []).append(r)
-        if len(ranks_by_value) > 1:
-            each = "; ".join(f"{_shown(value)} on rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))}"
-                             for value, ranks in ranks_by_value.items())
-            raise FastringError(f"{variable} differs between ranks: {each}; every rank must use "
-                                f"the same value")
+    for i, (field, variable) in enumerate({**_config.AGREED_SETTINGS, **_config.HOST_AGREED_SETTINGS}.items()):
+        per_host = field in _config.HOST_AGREED_SETTINGS
+        groups: dict = {}  # host (or the job) -> value -> ranks
+        for r, (_, where, values) in enumerate(everyone):
+            groups.setdefault(where if per_host else None, {}).setdefault(values[i], []).append(r)
+        for ranks_by_value in groups.values():
+            if len(ranks_by_value) > 1:
+                each = "; ".join(f"{_shown(value)} on rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))}"
+                                 for value, ranks in ranks_by_value.items())
+                where = "the ranks of one host" if per_host else "ranks"
+                raise FastringError(f"{variable} differs between {where}: {each}; they must use the same value")
     return config
 
 

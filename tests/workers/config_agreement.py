@@ -14,7 +14,7 @@ R, N = c.RANK, c.SIZE
 CASES = [
     # variable, one value per rank (the last repeats), what every rank's error must name
     ("FASTRING_ALGORITHM", ["ring", "mpi"], "FASTRING_ALGORITHM differs between ranks"),
-    ("FASTRING_SHM", ["1", "0"], "FASTRING_SHM differs between ranks"),
+    ("FASTRING_SHM", ["1", "0"], "FASTRING_SHM differs between the ranks of one host"),
     ("FASTRING_FUSION_THRESHOLD", ["1048576", "1048576", "65536"],
      "FASTRING_FUSION_THRESHOLD differs between ranks"),
     ("FASTRING_ALGORITHM", ["auto", "bogus"], "rank 1: FASTRING_ALGORITHM='bogus' is not one of"),
