@@ -73,10 +73,13 @@ SHM_PIECES_ROUND_BYTES = 1 << 20
 # Their row counts always travel through it.
 SHM_COLLECTIVE_MAX_BYTES = 1 << 20
 # reducescatter's input goes through the segment's buffers up to this many bytes, the ring
-# above: its copy in and L1-blocked reduce out beat the ring at 2 and 8 MiB of input and lost
-# at 32 MiB by 2x (BENCHMARKS.md, issue 18, the other collectives at 1 and 16 MiB).
-SHM_REDUCESCATTER_MAX_BYTES = 8 << 20
-SHM_REDUCESCATTER_ROUND_BYTES = 4 << 20
+# above, in rounds that move at most SHM_REDUCESCATTER_ROUND_BYTES of every rank's part: what a
+# rank copies in is still in the cache when its peer reduces it. np=2, against rounds of a
+# whole buffer's share (2 MiB) and the ring, µs: 4 MiB of input 174-178 against 336 and 225;
+# 8 MiB 330-345 against 726 and 492; 16 MiB 913-943 against 1269 and 1479; at 32 MiB the ring
+# won (2022 against 2330); 256 and 512 KiB tied (BENCHMARKS.md, session 5, after the merge).
+SHM_REDUCESCATTER_MAX_BYTES = 16 << 20
+SHM_REDUCESCATTER_ROUND_BYTES = 256 << 10
 # Where the ranks may copy between their memories (Cross Memory Attach), allgather and
 # alltoall from SHM_SINGLE_COPY_BYTES moved between the ranks, and allreduce from
 # SHM_ALLREDUCE_SINGLE_COPY_BYTES, copy straight between the ranks' buffers instead of through

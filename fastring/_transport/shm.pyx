@@ -68,7 +68,8 @@ from .cycle cimport HASH, HEADER_WORDS, PAYLOAD_BYTES, block_bytes, combine_bloc
 from .mpi cimport Link, TransportBase, back_off, now, reduce_fn_t
 
 from .._core.config import (SHM_ACTIVE_SPIN_SECONDS, SHM_ALLREDUCE_SINGLE_COPY_BYTES, SHM_HOT_SPIN_SECONDS,
-                            SHM_PIECES_ROUND_BYTES, SHM_PIPELINE_TILE_BYTES, SHM_SINGLE_COPY_BYTES,
+                            SHM_PIECES_ROUND_BYTES, SHM_PIPELINE_TILE_BYTES, SHM_REDUCESCATTER_ROUND_BYTES,
+                            SHM_SINGLE_COPY_BYTES,
                             SHM_SINGLE_COPY_CHUNK_BYTES, SHM_STREAM_EXCHANGE_LEAD_PIECES, SHM_STREAM_EXCHANGE_MAX_BYTES,
                             SHM_STREAM_LARGE_PIECE_BYTES, SHM_STREAM_PIECE_BYTES,
                             SHM_STREAMING_STORE_BYTES, WAIT_CYCLE_SPIN_SECONDS)
@@ -317,6 +318,9 @@ cdef class SharedSegment:
     # allgather_rows and alltoall_rows stream when each rank's output is at most this many bytes
     # (SHM_STREAM_EXCHANGE_MAX_BYTES); tests change it, on every rank alike
     cdef public int64_t stream_exchange_bytes
+    # a reducescatter round moves at most this many bytes of every rank's part
+    # (SHM_REDUCESCATTER_ROUND_BYTES); tests change it, on every rank alike
+    cdef public int64_t reduce_scatter_round_bytes
     cdef public int64_t pipeline_tile  # bytes per part and tile of a pipelined allreduce, at most
     # Whether an allreduce of more than a buffer is pipelined (`_pipeline`) rather than in rounds:
     # unless more ranks than cores share the host, where every one of its many waits per call
@@ -374,6 +378,7 @@ cdef class SharedSegment:
         s.single_copy_bytes = SHM_SINGLE_COPY_BYTES
         s.streaming_bytes = SHM_STREAMING_STORE_BYTES
         s.stream_exchange_bytes = SHM_STREAM_EXCHANGE_MAX_BYTES
+        s.reduce_scatter_round_bytes = SHM_REDUCESCATTER_ROUND_BYTES
         s.pipeline_tile = SHM_PIPELINE_TILE_BYTES
         s.scratch = <char*> aligned_alloc(PAGE, 2 * s.chunk)
         if s.scratch == NULL:
@@ -1469,7 +1474,8 @@ cdef class SharedSegment:
         cdef int n = self.size, r
         if offsets.shape[0] != n + 1:
             raise ValueError(f"offsets needs {n + 1} entries, got {offsets.shape[0]}")
-        cdef int64_t most = 0, width = self._width(itemsize)
+        cdef int64_t most = 0, width = min(self._width(itemsize),
+                                           max(itemsize, self.reduce_scatter_round_bytes // itemsize * itemsize))
         for r in range(n):
             if offsets[r + 1] < offsets[r] or (offsets[r + 1] - offsets[r]) % itemsize:
                 raise ValueError(f"part {r} ({offsets[r]}..{offsets[r + 1]}) is not a whole number of items")

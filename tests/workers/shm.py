@@ -313,13 +313,19 @@ def counted_allgathers(tag):
     shm.single_copy_bytes = saved
     # reducescatter through the segment's buffers past SHM_COLLECTIVE_MAX_BYTES (up to
     # SHM_REDUCESCATTER_MAX_BYTES): exact integers, rows that do not divide among the ranks,
-    # more than one round per rank (a part wider than a buffer's share)
+    # more than one round per rank (a part wider than a round: the default rounds, rounds of a
+    # whole buffer's share, and rounds that end mid-row)
     rows = SHM_TILE_BYTES // 16 + N + 1
     xs = [c.rank_input(np.dtype(np.int32), (rows, 4), r, 84) for r in range(N)]
     whole = sum(x.astype(np.int64) for x in xs).astype(np.int32)
     bounds = np.cumsum([0] + [rows // N + (1 if r < rows % N else 0) for r in range(N)])
-    c.check_close(f"reducescatter through the segment {tag}",
-                  fastring.reducescatter(xs[R], op=fastring.Sum, name="rs segment"), whole[bounds[R]:bounds[R + 1]], 0)
+    saved = shm.reduce_scatter_round_bytes
+    for round_bytes in (saved, SHM_TILE_BYTES, 65540):
+        shm.reduce_scatter_round_bytes = round_bytes
+        c.check_close(f"reducescatter through the segment {tag}, rounds of {round_bytes} bytes",
+                      fastring.reducescatter(xs[R], op=fastring.Sum, name="rs segment"),
+                      whole[bounds[R]:bounds[R + 1]], 0)
+    shm.reduce_scatter_round_bytes = saved
 
 
 def counted_alltoall(rows_to, dtype, seed, name, strided=False):
