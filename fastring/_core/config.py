@@ -77,7 +77,8 @@ SHM_COLLECTIVE_MAX_BYTES = 1 << 20
 # rank copies in is still in the cache when its peer reduces it. np=2, against rounds of a
 # whole buffer's share (2 MiB) and the ring, µs: 4 MiB of input 174-178 against 336 and 225;
 # 8 MiB 330-345 against 726 and 492; 16 MiB 913-943 against 1269 and 1479; at 32 MiB the ring
-# won (2022 against 2330); 256 and 512 KiB tied (BENCHMARKS.md, session 5, after the merge).
+# won (2022 against 2330); 256 and 512 KiB tied (BENCHMARKS.md, session 5, after the merge;
+# scripts/bench_reducescatter.py).
 SHM_REDUCESCATTER_MAX_BYTES = 16 << 20
 SHM_REDUCESCATTER_ROUND_BYTES = 256 << 10
 # Where the ranks may copy between their memories (Cross Memory Attach), allgather and
