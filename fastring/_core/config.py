@@ -58,10 +58,12 @@ BROADCAST_SINGLE_COPY_BYTES = SMALL_MESSAGE_BYTES
 SHM_TILE_BYTES = 4 << 20
 SHM_ONE_STEP_BYTES = 256 * 1024
 # A group of tensors reduced where they lie (grouped_allreduce, a fused batch:
-# SharedSegment.allreduce_pieces) goes through the segment in rounds of this many bytes: a
-# round's inputs, the buffers it passes through and its results stay in this CPU's 1 MiB L2,
-# where a round of a whole 4 MiB buffer went through memory (100 x 40 KB: 180-200 against
-# 280-300 us; BENCHMARKS.md, issue 18, round 2, session 5).
+# SharedSegment.allreduce_pieces), and an allreduce of one buffer or less above
+# SHM_ONE_STEP_BYTES, go through the segment in rounds of this many bytes: a round's inputs,
+# the buffers it passes through and its results stay in this CPU's 1 MiB L2, where a round of
+# a whole 4 MiB buffer went through memory (100 x 40 KB: 180-200 against 280-300 us; a 4 MiB
+# allreduce in the machine's slow state 296-304 against 442-466 us; BENCHMARKS.md, issue 18,
+# round 2, session 5).
 SHM_PIECES_ROUND_BYTES = 1 << 20
 # allgather, broadcast, alltoall and reducescatter move their data through the segment's
 # buffers up to this many bytes (the whole result of an allgather, the input otherwise;

@@ -779,46 +779,15 @@ cdef class SharedSegment:
 
     cdef int _rounds(self, char* src, char* dst, int64_t nbytes, reduce_fn_t reduce,
                      int64_t itemsize) except -1 nogil:
-        cdef int n = self.size, me = self.rank, r
-        cdef int64_t count = nbytes // itemsize, per_round = self.tile // itemsize
-        cdef int64_t sub = max(1, SUB_BYTES // itemsize)
-        cdef int64_t done = 0, c, lo, hi, off, k
-        cdef uint64_t round_
-        cdef char* mine
-        cdef char* s
-        cdef char* d
-        cdef char* acc
-        while done < count:
-            c = min(per_round, count - done)
-            round_ = self.data_rounds
-            self.data_rounds += 1
-            mine = self._data(me, round_)
-            s, d = src + done * itemsize, dst + done * itemsize
-            for r in range(n):
-                if r != me:
-                    lo, hi = _part_start(r, n, c), _part_start(r + 1, n, c)
-                    memcpy(mine + lo * itemsize, s + lo * itemsize, (hi - lo) * itemsize)
-            self._data_arrive()
-            lo, hi = _part_start(me, n, c), _part_start(me + 1, n, c)
-            off = lo
-            while off < hi:
-                # in rank order, as every other path: the same bits whichever path a call takes;
-                # accumulated in this rank's buffer, where the others copy it from
-                k = min(sub, hi - off)
-                acc = mine + off * itemsize
-                memcpy(acc, (s if me == 0 else self._data(0, round_)) + off * itemsize, k * itemsize)
-                for r in range(1, n):
-                    reduce(acc, (s if r == me else self._data(r, round_)) + off * itemsize, k)
-                self._finish_piece(acc, k)
-                memcpy(d + off * itemsize, acc, k * itemsize)
-                off += k
-            self._data_arrive()
-            for r in range(n):
-                if r != me:
-                    lo, hi = _part_start(r, n, c), _part_start(r + 1, n, c)
-                    memcpy(d + lo * itemsize, self._data(r, round_) + lo * itemsize, (hi - lo) * itemsize)
-            done += c
-        return 0
+        """`_pieces_rounds` of `src` as its one piece, in rounds of SHM_PIECES_ROUND_BYTES; of
+        a whole buffer where more ranks than cores share the host (`pipelined` is off), as
+        every round's barriers may wait for a rank that is not running."""
+        cdef int64_t at = <int64_t> src
+        cdef int64_t length = nbytes
+        cdef Pieces p
+        p.at, p.bytes, p.count, p.i, p.start = &at, &length, 1, 0, 0
+        return self._pieces_rounds(&p, dst, nbytes, reduce, itemsize,
+                                   min(_PIECES_ROUND, self.tile) if self.pipelined else self.tile)
 
     def allreduce_pieces(self, const int64_t[::1] addresses, const int64_t[::1] lengths, uintptr_t dst,
                          uintptr_t reduce_fn, int64_t itemsize, bint one_step, uintptr_t finish_fn=0,
