@@ -718,12 +718,13 @@ cdef class SharedSegment:
         buffer, and after one barrier reduces all of them, in rank order, into `dst`: the
         same bits everywhere, one synchronisation. From SHM_ALLREDUCE_SINGLE_COPY_BYTES, where the
         ranks may copy between their memories, by single copy (the module docstring).
-        Otherwise through the segment's buffers: up to a buffer in one round, where every rank
-        copies the parts of its input that the others reduce into its buffer, reduces its own
-        part (its input and every peer's copy of that part, piece by piece while it is in L1)
-        into its buffer and `dst`, and after a second barrier copies the others' reduced parts
-        into `dst`; above a buffer the same pipelined tile by tile (`_pipeline`; in rounds of a
-        buffer where more ranks than cores share the host: `pipelined`). Each element
+        Otherwise through the segment's buffers: up to a buffer in rounds of
+        SHM_PIECES_ROUND_BYTES (`_rounds`), in each of which every rank copies the parts of its
+        input that the others reduce into its buffer, reduces its own part (its input and every
+        peer's copy of that part, piece by piece while it is in L1) into its buffer and `dst`,
+        and after a second barrier copies the others' reduced parts into `dst`; above a buffer
+        the same pipelined tile by tile (`_pipeline`; in rounds of a buffer where more ranks
+        than cores share the host: `pipelined`). Each element
         is reduced by one rank (or by all alike), so `dst` holds the same bits on every rank.
 
         Where single copy could run, rank 0's `prefer_buffers` (the others' is ignored, so
@@ -743,6 +744,7 @@ cdef class SharedSegment:
         self.finish = <finish_fn_t> finish_fn
         self.finish_divisor, self.finish_factor = divisor, factor
         cdef bint single = not one_step and self._single_copy(nbytes, self.allreduce_single_copy_bytes)
+        cdef bint piped = self.pipelined and nbytes > self.tile
         try:
             with nogil:
                 if one_step:
@@ -750,10 +752,11 @@ cdef class SharedSegment:
                 elif single:
                     err = self._single_copy_allreduce(<char*> src, <char*> dst, nbytes,
                                                       <reduce_fn_t> reduce_fn, itemsize, prefer_buffers)
-                if (err == BY_CHOICE or not (one_step or single)) and self.pipelined and nbytes > self.tile:
-                    self._pipeline(<char*> src, <char*> dst, nbytes, <reduce_fn_t> reduce_fn, itemsize)
-                elif err == BY_CHOICE or not (one_step or single):
-                    self._rounds(<char*> src, <char*> dst, nbytes, <reduce_fn_t> reduce_fn, itemsize)
+                if err == BY_CHOICE or not (one_step or single):
+                    if piped:
+                        self._pipeline(<char*> src, <char*> dst, nbytes, <reduce_fn_t> reduce_fn, itemsize)
+                    else:
+                        self._rounds(<char*> src, <char*> dst, nbytes, <reduce_fn_t> reduce_fn, itemsize)
         except BaseException:
             self._failed()
             raise
@@ -761,7 +764,7 @@ cdef class SharedSegment:
             self._raise_copy_error(err)
         if one_step or (single and not err):
             return "one step" if one_step else "single copy"
-        return ("pipeline" if self.pipelined and nbytes > self.tile else "rounds") + (" by choice" if err else "")
+        return ("pipeline" if piped else "rounds") + (" by choice" if err else "")
 
     cdef int _one_step(self, char* src, char* dst, int64_t nbytes, reduce_fn_t reduce,
                        int64_t itemsize) except -1 nogil:

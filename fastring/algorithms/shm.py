@@ -40,33 +40,22 @@ class SharedMemory:
         where they lie, without gathering them into one buffer first. Returns False, having
         done nothing, where the segment would not read them so (`run` must take a gathered
         copy then)."""
-        flat, spec = r.flat, r.spec
-        one_step = flat.nbytes <= min(SHM_ONE_STEP_BYTES, rt.shm.tile_bytes)
-        finish = r.finalize
-        fused = isinstance(finish, Finish)  # finished piece by piece where reduced, in cache
-        finishing = (kernels.finish_cfunc(spec.dtype), finish.divisor, finish.factor) if fused else ()
+        reduce_fn, itemsize, one_step, finishing = _call_args(rt.shm, r)
         with r.phase("shm-allreduce"):
-            if not rt.shm.allreduce_pieces(addresses, lengths, array_address(flat),
-                                           kernels.reduce_cfunc(KERNEL_OP[r.op], spec.dtype), spec.dtype.itemsize,
+            if not rt.shm.allreduce_pieces(addresses, lengths, array_address(r.flat), reduce_fn, itemsize,
                                            one_step, *finishing):
                 return False
-            if not fused:
-                finish(flat)
+            if not finishing:
+                r.finalize(r.flat)
         return True
 
     @staticmethod
     def run(rt, r: Reduction) -> None:
-        flat, spec = r.flat, r.spec
+        flat = r.flat
         src = flat if r.src is None else r.src
         shm = rt.shm
-        reduce_fn = kernels.reduce_cfunc(KERNEL_OP[r.op], spec.dtype)
-        itemsize = spec.dtype.itemsize
-        one_step = flat.nbytes <= min(SHM_ONE_STEP_BYTES, shm.tile_bytes)
-        finish = r.finalize
+        reduce_fn, itemsize, one_step, finishing = _call_args(shm, r)
         with r.phase("shm-allreduce"):
-            # A Finish runs piece by piece where each piece is reduced, while in cache.
-            fused = isinstance(finish, Finish)
-            finishing = (kernels.finish_cfunc(spec.dtype), finish.divisor, finish.factor) if fused else ()
             if flat.nbytes < shm.allreduce_single_copy_bytes:  # no choice to make: no timing
                 shm.allreduce(array_address(src), array_address(flat), flat.nbytes, reduce_fn, itemsize, one_step,
                               False, *finishing)
@@ -77,8 +66,19 @@ class SharedMemory:
                                     _PATHS.prefer_buffers(key), *finishing)
                 if ran == "single copy" or ran.endswith("by choice"):
                     _PATHS.record(key, ran == "single copy", time.perf_counter() - start)
-            if not fused:
-                finish(flat)
+            if not finishing:
+                r.finalize(flat)
+
+
+def _call_args(shm, r: Reduction) -> tuple:
+    """(reduce cfunc, itemsize, one step?, finishing) of `r` for the segment's allreduce calls.
+    `finishing`: a Finish runs piece by piece where each piece is reduced, while in cache
+    (its cfunc and arguments); () where `r.finalize` runs on the whole result after."""
+    spec, finish = r.spec, r.finalize
+    finishing = ((kernels.finish_cfunc(spec.dtype), finish.divisor, finish.factor)
+                 if isinstance(finish, Finish) else ())
+    return (kernels.reduce_cfunc(KERNEL_OP[r.op], spec.dtype), spec.dtype.itemsize,
+            r.flat.nbytes <= min(SHM_ONE_STEP_BYTES, shm.tile_bytes), finishing)
 
 
 class PathTimes:

@@ -65,20 +65,20 @@ def _agreed_config(comm: MPI.Comm) -> _config.Config:
         problem = None
     except ValueError as e:
         config, problem = None, e
-    fields = [*_config.AGREED_SETTINGS, *_config.HOST_AGREED_SETTINGS]
+    settings = {**_config.AGREED_SETTINGS, **_config.HOST_AGREED_SETTINGS}
     local = comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.Get_rank())
     try:
         host = local.bcast(comm.Get_rank(), root=0)  # the host's first rank names it
     finally:
         local.Free()
     everyone = comm.allgather((None if problem is None else str(problem), host,
-                               None if config is None else tuple(getattr(config, f) for f in fields)))
+                               None if config is None else tuple(getattr(config, f) for f in settings)))
     if problem is not None:
         raise problem
     for r, (why, _, _) in enumerate(everyone):
         if why is not None:
             raise FastringError(f"fastring could not start: rank {r}: {why}")
-    for i, (field, variable) in enumerate({**_config.AGREED_SETTINGS, **_config.HOST_AGREED_SETTINGS}.items()):
+    for i, (field, variable) in enumerate(settings.items()):
         per_host = field in _config.HOST_AGREED_SETTINGS
         groups: dict = {}  # host (or the job) -> value -> ranks
         for r, (_, where, values) in enumerate(everyone):
