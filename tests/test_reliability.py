@@ -42,3 +42,26 @@ def test_join_with_allgather_broadcast_barrier(mpirun, n):
 def test_a_late_rank_is_an_error_on_time(mpirun, n, nbytes):
     proc = mpirun(n, "late", nbytes, env={"FASTRING_STALL_SHUTDOWN_TIME": "2"}, timeout=60)
     assert proc.stdout.count("FastringError after") == n, proc.stdout
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_a_rank_late_to_init_is_warned_about(mpirun, n):
+    """init's first exchange waits like any collective: a warning every
+    FASTRING_STALL_CHECK_TIME while a rank has not called init, then a normal start."""
+    proc = mpirun(n, "late_init", "late", env={"FASTRING_STALL_CHECK_TIME": "0.5"}, timeout=60)
+    assert f"OK late init late on {n} ranks" in proc.stdout, proc.stdout
+    for r in range(n - 1):
+        assert f"fastring.init on rank {r} has waited" in proc.stderr, proc.stderr
+    assert f"rank {n - 1} has waited" not in proc.stderr, proc.stderr
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_a_rank_that_never_calls_init_is_an_error_on_time(mpirun, n):
+    """A rank that never calls init used to leave the others in init for ever (here: until it
+    left 60 s later); with FASTRING_STALL_SHUTDOWN_TIME=1 their init raises FastringError
+    within 3 s, and the launcher's guard ends the job."""
+    proc = mpirun(n, "late_init", "never", env={"FASTRING_STALL_SHUTDOWN_TIME": "1"}, timeout=40,
+                  expect_rc=None)
+    assert proc.returncode != 0
+    assert proc.stdout.count("init raised after") == n - 1, proc.stdout + proc.stderr
+    assert "not every one of the" in proc.stdout and "FAIL" not in proc.stdout, proc.stdout

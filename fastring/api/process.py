@@ -3,13 +3,14 @@ from __future__ import annotations
 
 import atexit
 import logging
+import time
 
 from mpi4py import MPI
 
 from .._core import config as _config
 from .._core.errors import FastringError
 from .._core.runtime import Runtime, current, install, log, runtime
-from .._transport import SharedSegment, Transport
+from .._transport import SharedSegment, Transport, exit_unless_gone_within
 from ..algorithms import check_setting
 from ..engine import Engine
 from .process_sets import forget_all, register_initial
@@ -65,6 +66,7 @@ def _agreed_config(comm: MPI.Comm) -> _config.Config:
         problem = None
     except ValueError as e:
         config, problem = None, e
+    _await_every_rank(comm, config or _config.Config())
     settings = {**_config.AGREED_SETTINGS, **_config.HOST_AGREED_SETTINGS}
     local = comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.Get_rank())
     try:
@@ -90,6 +92,38 @@ def _agreed_config(comm: MPI.Comm) -> _config.Config:
                 where = "the ranks of one host" if per_host else "ranks"
                 raise FastringError(f"{variable} differs between {where}: {each}; they must use the same value")
     return config
+
+
+def _await_every_rank(comm: MPI.Comm, config: _config.Config) -> None:
+    """Return once every rank of `comm` has called init, as the stall inspector waits for a
+    collective: a warning every FASTRING_STALL_CHECK_TIME, and FastringError once
+    FASTRING_STALL_SHUTDOWN_TIME has passed (0: wait as long as it takes, as MPI_Init does).
+    A rank that takes another path and never calls init, or is still busy before it, would
+    otherwise leave the others waiting in init's first exchange for ever.
+
+    The barrier is nonblocking, so the wait can be bounded; one that gave up stays posted, so
+    at exit this rank does not wait in MPI_Finalize for the missing rank for longer than
+    FINALIZE_WAIT_SECONDS, as after any stall."""
+    arrived = comm.Ibarrier()
+    start = warned = time.monotonic()
+    pause = _config.WAIT_PAUSE_STEP_SECONDS
+    while not arrived.Test():
+        now = time.monotonic()
+        waited = now - start
+        if config.stall_check_time > 0 and now - warned >= config.stall_check_time:
+            warned = now
+            log.warning("stall: fastring.init on rank %d has waited %.1f s for the other ranks to call init",
+                        comm.Get_rank(), waited)
+        limit = config.stall_shutdown_time
+        if limit > 0 and waited >= limit:
+            error = FastringError(f"fastring.init on rank {comm.Get_rank()} waited {waited:.1f} s "
+                                  f"(FASTRING_STALL_SHUTDOWN_TIME={limit:g}) and not every one of the "
+                                  f"{comm.Get_size()} ranks called init; every rank must call fastring.init")
+            atexit.register(exit_unless_gone_within, limit + _config.FINALIZE_WAIT_SECONDS,
+                            f"fastring: rank {comm.Get_rank()} gave up waiting in init ({error})")
+            raise error
+        time.sleep(pause)  # an init waits for other processes to start: seconds, not microseconds
+        pause = min(2 * pause, _config.WAIT_LONG_PAUSE_SECONDS)
 
 
 def _shown(value) -> str:
