@@ -1153,7 +1153,8 @@ cdef class SharedSegment:
             self._copy_out(own_dst + off, own_src + off, own_len - off, streaming)
         return 0
 
-    def allgather_rows(self, uintptr_t src, int64_t rows, int64_t row_bytes, object allocate):
+    def allgather_rows(self, uintptr_t src, int64_t rows, int64_t row_bytes, object allocate,
+                       cnp.ndarray known=None):
         """An allgather whose row counts travel with the data: rank r contributes `rows`
         rows of `row_bytes` bytes at `src` (C-contiguous), every rank learns every rank's
         count in the barrier of the first data round, calls `allocate(counts)` (an int64
@@ -1162,31 +1163,43 @@ cdef class SharedSegment:
         fewer than exchanging the counts first. The first round stages each rank's rows in its
         buffer unless they alone would go by single copy (SHM_SINGLE_COPY_BYTES): below that
         threshold in all, every rank has staged; from it on, the single-copy path runs and the
-        staged bytes are not used."""
+        staged bytes are not used. `known`: the counts, where every rank passes them alike
+        (the engine's lean path learned them in its negotiation cycle): no first round, so
+        no barrier before the data moves."""
         self._check()
         cdef int n = self.size, me = self.rank, r
         cdef int64_t mine = rows * row_bytes
-        cdef bint staged = self._stages(mine)
+        cdef bint staged = known is None and self._stages(mine)
         cdef uint64_t round_ = self.data_rounds
-        self.data_rounds += 1
         cdef int err = 0
         cdef int64_t most = 0, total = 0
         cdef int64_t[::1] c, b, d, bd
         cdef int64_t[::1] io
         cdef uintptr_t dst
-        cdef bint streaming, all_staged = True
-        try:
-            with nogil:
-                # Beside the sequence word, one count slot per buffer parity: a rank cannot
-                # write round k+2's before every rank has passed round k+1's barrier.
-                self._word(me)[1 + (round_ & 1)] = <uint64_t> rows
-                if staged and mine:
-                    memcpy(self._data(me, round_), <char*> src, min(self.tile, mine))
-                self._data_arrive()
+        cdef bint streaming, all_staged = known is None
+        if known is None:
+            self.data_rounds += 1
+            try:
+                with nogil:
+                    # Beside the sequence word, one count slot per buffer parity: a rank cannot
+                    # write round k+2's before every rank has passed round k+1's barrier.
+                    self._word(me)[1 + (round_ & 1)] = <uint64_t> rows
+                    if staged and mine:
+                        memcpy(self._data(me, round_), <char*> src, min(self.tile, mine))
+                    self._data_arrive()
+            except BaseException:
+                self._failed()
+                raise
             counts = np.empty(n, np.int64)
             c = counts
             for r in range(n):
                 c[r] = <int64_t> self._word(r)[1 + (round_ & 1)]
+        else:
+            counts = known
+            c = counts
+            if c.shape[0] != n or c[me] != rows:
+                raise ValueError(f"known counts must hold {n} entries, this rank's {rows}; got {known!r}")
+        try:
             out = allocate(counts)
             dst = <uintptr_t> cnp.PyArray_DATA(out)
             # bytes from each rank, then where they land (C loops: NumPy calls on these few
@@ -1304,7 +1317,8 @@ cdef class SharedSegment:
             raise ValueError(f"a {self.tile}-byte buffer cannot hold a piece for each of {self.size} ranks")
         return width
 
-    def alltoall_rows(self, uintptr_t src, const int64_t[::1] send_rows, int64_t row_bytes, object allocate):
+    def alltoall_rows(self, uintptr_t src, const int64_t[::1] send_rows, int64_t row_bytes, object allocate,
+                      const int64_t[:, ::1] known=None):
         """An alltoall whose row counts travel with the data: this rank sends send_rows[j]
         consecutive rows of `row_bytes` bytes from `src` (C-contiguous) to rank j; every rank
         learns the whole matrix of row counts in the barrier of the first data round (each
@@ -1312,11 +1326,16 @@ cdef class SharedSegment:
         C-contiguous result and receives every rank's rows there in rank order; returns (the
         rows received from each rank, the result). One barrier fewer than exchanging the counts
         first. What goes through the buffers and what by single copy is decided as in
-        `allgather_rows`, on the bytes this rank sends to the others."""
+        `allgather_rows`, on the bytes this rank sends to the others. `known`: the matrix of
+        row counts (row r: rank r's send_rows), where every rank passes it alike (the engine's
+        lean path learned it in its negotiation cycle): no first round, so no barrier before
+        the data moves."""
         self._check()
         cdef int n = self.size, me = self.rank, r, j
         if send_rows.shape[0] != n:
             raise ValueError(f"send_rows needs {n} entries, got {send_rows.shape[0]}")
+        if known is not None and (known.shape[0] != n or known.shape[1] != n):
+            raise ValueError(f"known needs {n} x {n} entries, got {known.shape[0]} x {known.shape[1]}")
         cdef int64_t head = _align(8 * n, 64), width = self._width(1)
         cdef int64_t first = (self.tile - head) // n // 64 * 64
         if first <= 0:
@@ -1328,25 +1347,27 @@ cdef class SharedSegment:
             sd[j + 1] = sd[j] + send_rows[j] * row_bytes
             if j != me:
                 mine += send_rows[j] * row_bytes
-        cdef bint staged = self._stages(mine)
+        cdef bint staged = known is None and self._stages(mine)
         cdef uint64_t round_ = self.data_rounds
-        self.data_rounds += 1
         cdef int err = 0
         cdef char* buf
         cdef int64_t[:, ::1] b, ints
         cdef int64_t[::1] rd, got, sent, gets
         cdef uintptr_t dst
-        cdef bint streaming, all_staged = True
+        cdef bint streaming, all_staged = known is None
         cdef int64_t widest = 0
         cdef int64_t* io
+        cdef const int64_t* rows_of
         try:
-            with nogil:
-                buf = self._data(me, round_)
-                for j in range(n):
-                    (<int64_t*> buf)[j] = send_rows[j]
-                    if staged and j != me and sd[j + 1] > sd[j]:
-                        memcpy(buf + head + j * first, <char*> src + sd[j], min(first, sd[j + 1] - sd[j]))
-                self._data_arrive()
+            if known is None:
+                self.data_rounds += 1
+                with nogil:
+                    buf = self._data(me, round_)
+                    for j in range(n):
+                        (<int64_t*> buf)[j] = send_rows[j]
+                        if staged and j != me and sd[j + 1] > sd[j]:
+                            memcpy(buf + head + j * first, <char*> src + sd[j], min(first, sd[j + 1] - sd[j]))
+                    self._data_arrive()
             received = np.empty(n, np.int64)
             got = received
             ints = np.zeros((n + 9, n), np.int64)  # one allocation for all of these
@@ -1355,9 +1376,10 @@ cdef class SharedSegment:
             sent = ints[n + 1]  # bytes each rank sends to the others
             gets = ints[n + 2]  # bytes each rank's result holds
             for r in range(n):
-                got[r] = (<int64_t*> self._data(r, round_))[me]
+                rows_of = <const int64_t*> self._data(r, round_) if known is None else &known[r, 0]
+                got[r] = rows_of[me]
                 for j in range(n):
-                    b[r, j] = (<int64_t*> self._data(r, round_))[j] * row_bytes
+                    b[r, j] = rows_of[j] * row_bytes
                     gets[j] += b[r, j]
                     if r != j:
                         most = max(most, b[r, j])

@@ -100,16 +100,19 @@ def allgather_rows(rt, src: np.ndarray, counts: np.ndarray, out: np.ndarray) -> 
         rt.transport.ring_allgather(array_address(out), offsets, own=own)
 
 
-def allgather_concat(rt, arr: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def allgather_concat(rt, arr: np.ndarray, counts: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Every rank's rows of `arr` concatenated in rank order, in a pooled buffer, and the
-    rows that came from each rank. Where the segment takes allgathers at every size, the row
-    counts travel in the data round's barrier (`SharedSegment.allgather_rows`); otherwise
-    they are gathered first."""
+    rows that came from each rank. `counts`: those rows, where every rank already knows them
+    (the lean path's negotiation cycle carried them); otherwise, where the segment takes
+    allgathers at every size, they travel in the data round's barrier
+    (`SharedSegment.allgather_rows`), and elsewhere they are gathered first."""
     if rt.size > 1 and rt.shm is not None and rt.transport.single_copy:
         src = arr if is_c_contiguous(arr) else np.ascontiguousarray(arr)
         return rt.shm.allgather_rows(array_address(src), src.shape[0], row_bytes(src),
-                                     lambda counts: _pool.empty((int(counts.sum()),) + arr.shape[1:], arr.dtype))
-    counts = gather_counts(rt, arr.shape[0])
+                                     lambda counts: _pool.empty((int(counts.sum()),) + arr.shape[1:], arr.dtype),
+                                     counts)
+    if counts is None:
+        counts = gather_counts(rt, arr.shape[0])
     out = _pool.empty((int(counts.sum()),) + arr.shape[1:], arr.dtype)
     allgather_rows(rt, arr, counts, out)
     return counts, out
@@ -207,21 +210,25 @@ class TreeBroadcast:
         tree_broadcast(rt.transport, array_address(buf), buf.nbytes, root)
 
 
-def alltoall_rows(rt, arr: np.ndarray, send_rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def alltoall_rows(rt, arr: np.ndarray, send_rows: np.ndarray,
+                  matrix: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Send send_rows[r] consecutive rows of `arr` to rank r; return (the rows received, in
-    rank order, and how many came from each rank)."""
+    rank order, and how many came from each rank). `matrix`: every rank's send_rows (row r:
+    rank r's), where every rank already knows them (the lean path's negotiation cycle
+    carried them)."""
     unit_bytes = row_bytes(arr)
     if rt.size > 1 and rt.shm is not None and rt.transport.single_copy:
-        # the row counts travel in the data round's barrier (SharedSegment.alltoall_rows)
+        # unless known, the row counts travel in the data round's barrier (SharedSegment.alltoall_rows)
         src = arr if is_c_contiguous(arr) else np.ascontiguousarray(arr[:int(send_rows.sum())])
         recv_rows, out = rt.shm.alltoall_rows(array_address(src), send_rows, unit_bytes,
-                                              lambda rows: _pool.empty((int(rows.sum()),) + arr.shape[1:], arr.dtype))
+                                              lambda rows: _pool.empty((int(rows.sum()),) + arr.shape[1:], arr.dtype),
+                                              matrix)
         return out, recv_rows
-    if rt.shm is not None:  # every rank learns every rank's row counts
+    if matrix is None and rt.shm is not None:  # every rank learns every rank's row counts
         matrix = gather_counts(rt, send_rows)
+    if matrix is not None:
         recv_rows = np.ascontiguousarray(matrix[:, rt.rank])
     else:
-        matrix = None
         recv_rows = np.empty(rt.size, np.int64)
         unit = _one_word_each(rt.size)
         pairwise_alltoall(rt.transport, array_address(send_rows), unit, array_address(recv_rows), unit)

@@ -11,6 +11,7 @@ fields, which the engine compares across ranks before anything moves. How the by
 """
 from __future__ import annotations
 
+import functools
 import numbers
 import pickle
 from typing import Any, Callable
@@ -25,7 +26,7 @@ from .._core.runtime import Runtime
 from .._core.tensor import as_array, like
 from .._core.work import AllreduceWork
 from .._transport import is_c_contiguous
-from ..algorithms import broadcast_bytes, chunk_offsets
+from ..algorithms import InCycle, broadcast_bytes, chunk_offsets
 from ..algorithms.adasum import ADASUM_DTYPES, adasum_allreduce as _adasum
 from ..algorithms.collectives import (allgather_concat, allgather_rows, alltoall_rows, byte_offsets, gather_counts,
                                       reduce_scatter_rows, row_bytes)
@@ -58,6 +59,54 @@ def _rows_array(tensor, kind: str) -> tuple[np.ndarray, DtypeSpec]:
     return arr, spec
 
 
+# (kind, dtype, trailing shape) -> the fields of an allgather or alltoall, one object per
+# signature: the engine's caches then compare a call's fields at once (api/allreduce._fields)
+_ROWS_FIELDS: dict[tuple, tuple] = {}
+ROWS_FIELDS_KEPT = 4096  # distinct signatures remembered (then built each call)
+
+
+def _rows_fields(kind: str, arr: np.ndarray, spec: DtypeSpec) -> tuple:
+    """What must be equal on every rank for an allgather or alltoall of `arr` under one name:
+    the dtype and the dimensions after the first."""
+    key = (kind, spec.name, arr.shape[1:])
+    fields = _ROWS_FIELDS.get(key)
+    if fields is None:
+        fields = (("collective", kind), ("dtype", spec.name), ("trailing_shape", arr.shape[1:]), ("device", "cpu"))
+        if len(_ROWS_FIELDS) < ROWS_FIELDS_KEPT:
+            _ROWS_FIELDS[key] = fields
+    return fields
+
+
+def _request_of(rt: Runtime, kind: str, name: str, fields: tuple, nbytes: int, execute: Callable[..., Any],
+                counts: np.ndarray | None = None) -> Request:
+    """The Request of a collective given as its parts (`fields` with its kind first; `counts`
+    ride only the lean path's cycle, see `_run`)."""
+    return Request(kind, name, fields, nbytes, Handle(rt.engine, name), execute=execute)
+
+
+def _run(rt: Runtime, kind: str, name: str, fields: tuple, nbytes: int, execute: Callable[..., Any],
+         counts: np.ndarray | None = None):
+    """The synchronous form of a collective given as its parts: by the engine's lean path
+    (`Engine.lone_run`: no Request, `counts` summed over the ranks in the negotiation cycle
+    and handed to `execute(rt, summed)`) when nothing is queued, otherwise as the Request
+    that the `_async` form submits (`execute(rt)`), waited for."""
+    def request(assigned: str) -> Request:
+        return _request_of(rt, kind, assigned, fields, nbytes, execute)
+    result = rt.engine.lone_run(kind, name, fields, lambda assigned, summed: execute(rt, summed), request, counts)
+    return rt.engine.run(request(name)) if result is None else result
+
+
+def _own_counts(rt: Runtime, mine) -> np.ndarray | None:
+    """This rank's row counts as a cycle's payload: `mine` (an int, or send_rows) in row
+    `rt.rank` of zeros for every rank, whose sum over the ranks is every rank's counts; None
+    where they would not fit in a cycle."""
+    counts = np.zeros((rt.size,) if type(mine) is int else (rt.size, rt.size), np.int64)
+    if not InCycle.fits(counts.nbytes):
+        return None
+    counts[rt.rank] = mine
+    return counts
+
+
 def _root(root_rank, rt: Runtime) -> int:
     """The root's rank in `rt`'s communicator (root_rank is global: see process_sets)."""
     if isinstance(root_rank, bool) or not isinstance(root_rank, numbers.Integral):
@@ -69,17 +118,17 @@ def _root(root_rank, rt: Runtime) -> int:
 
 
 # ----------------------------------------------------------------- allgather
-def _allgather_request(tensor, name, process_set) -> tuple[Engine, Request]:
+def _allgather_parts(tensor, name, process_set) -> tuple:
+    """The parts of an allgather (`_request_of`'s arguments), its arguments checked."""
     rt = runtime_of(process_set)
     name = request_name(rt, "allgather", name)
     arr, spec = _rows_array(tensor, "allgather")
 
-    def execute(rt: Runtime):
-        _, out = allgather_concat(rt, arr)
+    def execute(rt: Runtime, counts: np.ndarray | None = None):
+        _, out = allgather_concat(rt, arr, counts)
         return like(tensor, out)
-
-    fields = (("dtype", spec.name), ("trailing_shape", arr.shape[1:]), ("device", "cpu"))
-    return _request(rt, "allgather", name, fields, arr.nbytes, execute)
+    return (rt, "allgather", name, _rows_fields("allgather", arr, spec), arr.nbytes, execute,
+            _own_counts(rt, arr.shape[0]))
 
 
 def allgather_async(tensor, *, name: str | None = None, process_set=None) -> Handle:
@@ -93,8 +142,8 @@ def allgather_async(tensor, *, name: str | None = None, process_set=None) -> Han
         >>> fastring.allgather_async(np.arange(2), name="ids").wait()   # on 1 rank
         array([0, 1])
     """
-    engine, request = _allgather_request(tensor, name, process_set)
-    return engine.submit(request)
+    parts = _allgather_parts(tensor, name, process_set)
+    return parts[0].engine.submit(_request_of(*parts))
 
 
 def allgather(tensor, *, name: str | None = None, process_set=None):
@@ -110,8 +159,7 @@ def allgather(tensor, *, name: str | None = None, process_set=None):
         >>> fastring.allgather(np.ones((2, 3), np.float32)).shape   # (2 * size, 3)
         (2, 3)
     """
-    engine, request = _allgather_request(tensor, name, process_set)
-    return engine.run(request)
+    return _run(*_allgather_parts(tensor, name, process_set))
 
 
 # ----------------------------------------------------------------- broadcast
@@ -177,13 +225,21 @@ def broadcast(tensor, root_rank: int, *, name: str | None = None, out=None, proc
 
 
 # ----------------------------------------------------------------- alltoall
+@functools.lru_cache(maxsize=256)
+def _equal_rows(rows: int, size: int) -> np.ndarray:
+    """`rows` rows to each of `size` ranks (read-only, shared: building it cost 2 us a call)."""
+    out = np.full(size, rows, np.int64)
+    out.flags.writeable = False
+    return out
+
+
 def _send_rows(splits, dim0: int, size: int) -> np.ndarray:
     """Rows sent to each rank, from `splits` or the equal split of dimension 0."""
     if splits is None:
         if dim0 % size:
             raise ValueError(f"alltoall without splits divides dimension 0 equally, but {dim0} "
                              f"rows do not divide among {size} ranks; pass splits")
-        return np.full(size, dim0 // size, np.int64)
+        return _equal_rows(dim0 // size, size)
     if isinstance(splits, (list, tuple)):
         if not all(isinstance(s, numbers.Integral) and not isinstance(s, bool) for s in splits):
             raise ValueError(f"splits must hold integers, got {splits!r}")
@@ -207,21 +263,21 @@ def _send_rows(splits, dim0: int, size: int) -> np.ndarray:
     return rows
 
 
-def _alltoall_request(tensor, splits, name, process_set) -> tuple[Engine, Request]:
+def _alltoall_parts(tensor, splits, name, process_set) -> tuple:
+    """The parts of an alltoall (`_request_of`'s arguments), its arguments checked."""
     rt = runtime_of(process_set)
     name = request_name(rt, "alltoall", name)
     arr, spec = _rows_array(tensor, "alltoall")
     send_rows = _send_rows(splits, arr.shape[0], rt.size)
 
-    def execute(rt: Runtime):
-        out, recv_rows = alltoall_rows(rt, arr, send_rows)
+    def execute(rt: Runtime, matrix: np.ndarray | None = None):
+        out, recv_rows = alltoall_rows(rt, arr, send_rows, matrix)
         result = like(tensor, out)
         if splits is None:
             return result
         return result, like(tensor, recv_rows.astype(np.int32))
-
-    fields = (("dtype", spec.name), ("trailing_shape", arr.shape[1:]), ("device", "cpu"))
-    return _request(rt, "alltoall", name, fields, arr.nbytes, execute)
+    return (rt, "alltoall", name, _rows_fields("alltoall", arr, spec), arr.nbytes, execute,
+            _own_counts(rt, send_rows))
 
 
 def alltoall_async(tensor, splits=None, *, name: str | None = None, process_set=None) -> Handle:
@@ -236,8 +292,8 @@ def alltoall_async(tensor, splits=None, *, name: str | None = None, process_set=
         >>> out, got
         (array([0, 1]), array([2], dtype=int32))
     """
-    engine, request = _alltoall_request(tensor, splits, name, process_set)
-    return engine.submit(request)
+    parts = _alltoall_parts(tensor, splits, name, process_set)
+    return parts[0].engine.submit(_request_of(*parts))
 
 
 def alltoall(tensor, splits=None, *, name: str | None = None, process_set=None):
@@ -257,8 +313,7 @@ def alltoall(tensor, splits=None, *, name: str | None = None, process_set=None):
         >>> fastring.alltoall(np.arange(4) + 10 * fastring.rank())   # on 1 rank
         array([0, 1, 2, 3])
     """
-    engine, request = _alltoall_request(tensor, splits, name, process_set)
-    return engine.run(request)
+    return _run(*_alltoall_parts(tensor, splits, name, process_set))
 
 
 # ----------------------------------------------------------------- reducescatter

@@ -236,27 +236,54 @@ class Engine:
                      nbytes: int, request: Callable[[str], Request]) -> list | None:
         """A synchronous plain grouped host allreduce (`arrays`: C-contiguous numpy arrays of
         `spec`'s dtype, `nbytes` in all, too many to ride a cycle; `fields` as the general
-        path would build them) while nothing is queued here: `_speculate_alone`, then the
-        group reduced from where its arrays lie into one block whose views are the results,
-        with no Request nor an entry per tensor unless the ranks disagree (`request(name)`
-        builds it then). Returns the results, or None when the general path must take the
-        call; nothing has happened then."""
+        path would build them) by `lone_run`: the group reduced from where its arrays lie
+        into one block whose views are the results, with no entry per tensor. Returns the
+        results, or None when the general path must take the call."""
+        def run(assigned: str, _) -> list:
+            block = _pool.empty((nbytes // spec.dtype.itemsize,), spec.dtype)
+            self._executor.reduce_group(assigned, arrays, block, spec, op, self._average_finish(op))
+            return views_of(block, arrays)
+        return self.lone_run("grouped_allreduce", name, fields, run, request)
+
+    def lone_run(self, kind: str, name: str | None, fields: tuple, run: Callable[[str, np.ndarray | None], object],
+                 request: Callable[[str], Request], counts: np.ndarray | None = None):
+        """A synchronous collective (`fields` as the general path would build them) while
+        nothing is queued here: `_speculate_alone`, then `run(name, summed)` on this thread,
+        without building a Request unless the ranks disagree (`request(name)` builds it then,
+        and the call waits for it like any other). `counts` (int64, at most a cycle's payload:
+        this rank's entries set, the others' zero) ride the cycle, and `summed` is their sum
+        over the ranks: what every rank would otherwise exchange first. A rank whose
+        proposal carries no counts (the general path) makes the cycle fail on every rank,
+        so the sum is never partial. `summed` is None without counts. `name` None: the next
+        automatic name of `kind`. Returns run's result (never None), or None when the general
+        path must take the call; nothing has happened then. An error of `run` itself is the
+        caller's alone, as in execution."""
         if not self._idle():
             return None
         self._cycle_lock.acquire()  # nothing is queued: whoever holds it lets go within a cycle
         try:
             if self._pending or self._keep_cycling:
                 return None
-            name = name or self.auto_name("grouped_allreduce")
+            name = name or self.auto_name(kind)
+            summed = None
             try:
-                req = self._speculate_lone(name, fields, request)
+                if counts is None:
+                    req = self._speculate_lone(name, fields, request)
+                else:
+                    neg = self._neg
+                    words, h = neg.words, neg.signature_hash(name, fields)
+                    summed = np.empty(counts.shape, counts.dtype)
+                    outcome, clean = neg.lone_exchange(h, counts, summed, neg.reducer(ReduceOp.Sum, counts.dtype),
+                                                       name)
+                    if clean and neg.cache.get(name, _NOT_CACHED)[1] is not fields:
+                        neg.remember(name, fields)  # `_settle`, whose flags the call found as it leaves them
+                    req = self._lone_outcome(clean, outcome, words, h, name, request)
             except BaseException as e:  # noqa: BLE001 - every waiter must hear of it
                 self._abandon(e)
                 raise
-            if req is None:  # clean; an error of the reduction itself is the caller's alone
-                block = _pool.empty((nbytes // spec.dtype.itemsize,), spec.dtype)
-                self._executor.reduce_group(name, arrays, block, spec, op, self._average_finish(op))
-                return views_of(block, arrays)
+            if req is None:
+                self._executor.running = (kind, [name])  # for a stall's message
+                return run(name, summed)
         finally:
             self._cycle_lock.release()
         return self._wait_queued(req)

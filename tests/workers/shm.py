@@ -42,6 +42,7 @@ from fastring._transport import CYCLE_HEADER_WORDS, SPECULATION_FAILED, array_ad
 from fastring._transport.shm import copy_streaming
 from fastring import kernels
 from fastring.algorithms.shm import SharedMemory
+from fastring.api import collectives as api_collectives
 from fastring.engine.engine import Engine
 from fastring._core.ops import KERNEL_OP
 
@@ -405,6 +406,64 @@ def streamed_exchanges(tag):
     shm.single_copy_bytes, shm.stream_exchange_bytes = saved
 
 
+def through_requests(check, tag):
+    """`check(tag)` with allgather and alltoall made as Requests (their async forms): the row
+    counts travel in the data round's barrier, not in a lean call's negotiation cycle."""
+    sync = fastring.allgather, fastring.alltoall
+    fastring.allgather = lambda t, **kw: fastring.allgather_async(t, **kw).wait()
+    fastring.alltoall = lambda t, splits=None, **kw: fastring.alltoall_async(t, splits, **kw).wait()
+    try:
+        check(tag)
+    finally:
+        fastring.allgather, fastring.alltoall = sync
+
+
+def lean_exchanges(tag):
+    """The lean path of allgather and alltoall (Engine.lone_run: the row counts summed in
+    the negotiation cycle, the segment's call then without a barrier) is the one the
+    synchronous calls take, and stays right beside the general path: one rank making the
+    call as a Request (no counts in its cycle) while the others go lean, then the same name
+    lean again; and the segment refusing known counts of the wrong shape."""
+    known = []
+    real = api_collectives.allgather_concat, api_collectives.alltoall_rows
+    api_collectives.allgather_concat = lambda rt_, a, counts=None: known.append(counts is not None) or real[0](
+        rt_, a, counts)
+    api_collectives.alltoall_rows = lambda rt_, a, rows, matrix=None: known.append(matrix is not None) or real[1](
+        rt_, a, rows, matrix)
+    try:
+        for k, nbytes in enumerate([8, 3 * SHM_STREAM_LARGE_PIECE_BYTES + 40]):
+            rows = [nbytes // 8 + 3 * r for r in range(N)]
+            parts = [c.rank_input(np.dtype(np.int64), (rows[r],), r, 140 + k) for r in range(N)]
+            to = lambda r, j: (nbytes // N + 7 * j + r) // 4  # noqa: E731
+            inputs = [c.rank_input(np.dtype(np.int32), (sum(to(r, j) for j in range(N)),), r, 150 + k)
+                      for r in range(N)]
+            starts = [np.cumsum([0] + [to(r, j) for j in range(N)]) for r in range(N)]
+            for how in ("lean", "mixed", "lean again"):
+                request = how == "mixed" and R == 0
+                got = (fastring.allgather_async(parts[R], name=f"ag lean {k}").wait() if request
+                       else fastring.allgather(parts[R], name=f"ag lean {k}"))
+                c.check_close(f"allgather {how} {nbytes} B {tag}", got, np.concatenate(parts), 0)
+                splits = [to(R, j) for j in range(N)]
+                got, received = (fastring.alltoall_async(inputs[R], splits, name=f"a2a lean {k}").wait() if request
+                                 else fastring.alltoall(inputs[R], splits=splits, name=f"a2a lean {k}"))
+                c.check_close(f"alltoall {how} {nbytes} B {tag}", got,
+                              np.concatenate([inputs[r][starts[r][R]:starts[r][R + 1]] for r in range(N)]), 0)
+                c.check_close(f"alltoall {how} {nbytes} B {tag} splits", received,
+                              np.array([to(r, R) for r in range(N)]), 0)
+    finally:
+        api_collectives.allgather_concat, api_collectives.alltoall_rows = real
+    # lean, then (mixed: the cycles disagree) not, per size and collective; lean again later
+    c.CHECKS.check(known[:2] == [True, True] and known[2:4] == [False, False] and sum(known) >= 4,
+                   f"the calls with known counts: {known} ({tag})")
+    one = np.ones(4, np.int64)
+    c.expect_error(f"known counts of the wrong shape {tag}",
+                   lambda: shm.alltoall_rows(array_address(one), np.ones(N, np.int64), 8, np.empty,
+                                             np.ones((N, N + 1), np.int64)), ValueError, "known")
+    c.expect_error(f"known counts of the wrong length {tag}",
+                   lambda: shm.allgather_rows(array_address(one), 4, 8, np.empty, np.ones(N + 1, np.int64)),
+                   ValueError, "known")
+
+
 def unstreamed(check, tag):
     """`check(tag)` with the stream off: the single-copy and round paths of the same calls."""
     shm.stream_exchange_bytes = 0
@@ -493,14 +552,19 @@ collectives_loops("single copy", 1 << 20)
 streamed_broadcasts("cached")
 streaming_copies()
 streamed_exchanges("cached")
+lean_exchanges("cached")
+through_requests(streamed_exchanges, "cached, requests")
 counted_allgathers("streamed")
 counted_alltoalls("streamed")
+through_requests(counted_allgathers, "streamed, requests")
+through_requests(counted_alltoalls, "streamed, requests")
 unstreamed(counted_allgathers, "single copy")
 unstreamed(counted_alltoalls, "single copy")
 # the same with every output written by streaming stores (from SHM_STREAMING_STORE_BYTES)
 shm.streaming_bytes = 0
 streamed_broadcasts("streaming stores")
 streamed_exchanges("streaming stores")
+lean_exchanges("streaming stores")
 unstreamed(counted_allgathers, "single copy, streaming stores")
 unstreamed(counted_alltoalls, "single copy, streaming stores")
 # and through the API: allgather of uneven row counts, alltoall with splits
