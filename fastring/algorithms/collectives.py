@@ -3,14 +3,16 @@ has agreed that every rank runs them.
 
 - allgather: dim-0 sizes are gathered first, then the ring (`ring_allgather`) circulates the
   rows: (N-1)/N of the result's bytes cross each link once. Through the shared segment the
-  sizes travel in the first data round's barrier instead (`allgather_concat`).
+  sizes travel in the first data round's barrier instead (`allgather_concat`), and a lean
+  synchronous call (Engine.lone_run) already learned them in its negotiation cycle.
 - broadcast: when every rank is on one host, large messages are copied straight between
   the ranks' memories (`single_copy_broadcast`): the root writes the leading part of the
   bytes into each rank while every rank reads the rest, so the root copies too instead of
   waiting. Otherwise a binomial tree for small messages and on two ranks; above that a
   chain, pipelined in segments, whose time hardly grows with N.
 - alltoall: the row counts are exchanged first, then N-1 pairwise exchange steps; through
-  the shared segment they travel in the first data round's barrier.
+  the shared segment they travel in the first data round's barrier, or, in a lean call, in
+  its negotiation cycle.
 - reducescatter: a ring reduce-scatter that receives partial results straight into scratch
   and reduces this rank's input into them, so the input is neither copied nor modified and
   the last step lands in the result.
