@@ -343,7 +343,10 @@ cdef class SharedSegment:
     # unless more ranks than cores share the host, where every one of its many waits per call
     # may wait for a rank that is not running (8 MiB at np=3 on 2 cores: 50 ms, median).
     cdef public bint pipelined
-    cdef char* scratch         # two chunks of private memory: an accumulator and a landing place
+    # Two chunks of private memory, each with a page to spare: an accumulator and a landing
+    # place, each used from the page offset of the peer's memory it is copied from or to, as a
+    # copy between processes (process_vm_readv/writev) runs as `rep movsb` too (fr_copy)
+    cdef char* scratch
     # More ranks than this process may run on cores: a spinning wait yields its core at once.
     # Otherwise only after SHM_HOT_SPIN_SECONDS (SHM_ACTIVE_SPIN_SECONDS in a run of back-to-back
     # calls): a yield may hand the core to any other runnable process for a whole slice, but a
@@ -397,7 +400,7 @@ cdef class SharedSegment:
         s.stream_exchange_bytes = SHM_STREAM_EXCHANGE_MAX_BYTES
         s.reduce_scatter_round_bytes = SHM_REDUCESCATTER_ROUND_BYTES
         s.pipeline_tile = SHM_PIPELINE_TILE_BYTES
-        s.scratch = <char*> aligned_alloc(PAGE, 2 * s.chunk)
+        s.scratch = <char*> aligned_alloc(PAGE, 2 * (s.chunk + PAGE))
         if s.scratch == NULL:
             raise MemoryError()
         s.data_off = s.cycle_off + 2 * n * s.cycle_bytes
@@ -615,7 +618,7 @@ cdef class SharedSegment:
         Returns 0 or an errno."""
         cdef int n = self.size, me = self.rank, r, err = 0
         cdef const pid_t* pids = self.transport.pids
-        cdef char* landing = self.scratch + self.chunk
+        cdef char* landing
         if me == 0:
             if acc != src + at:
                 fr_copy(acc, src + at, nbytes)
@@ -627,6 +630,7 @@ cdef class SharedSegment:
             if r == me:
                 reduce(acc, src + at, nbytes // itemsize)
             else:
+                landing = self.scratch + self.chunk + PAGE + ((self._table(r)[1] + at) & (PAGE - 1))
                 err = vm_copy(False, pids[r], landing, self._table(r)[1] + at, nbytes)
                 if not err:
                     reduce(acc, landing, nbytes // itemsize)
@@ -661,8 +665,10 @@ cdef class SharedSegment:
             at = (c - first) * per
             k = min(per, nbytes - at)
             # rank 0 accumulates in its result; another rank must not overwrite its input in
-            # place before reducing it, so it accumulates in its scratch
-            acc = self.scratch if src == dst and me != 0 else dst + at
+            # place before reducing it, so it accumulates in its scratch, at the page offset of
+            # rank 0's result, which it copies from and to (see `scratch`)
+            acc = (self.scratch + ((self._table(0)[1 + n] + at) & (PAGE - 1)) if src == dst and me != 0
+                   else dst + at)
             err = self._gather_reduce(acc, src, at, k, reduce, itemsize)
             if not err:
                 self._finish_piece(acc, k // itemsize)
