@@ -159,7 +159,13 @@ cdef extern from *:
     #endif
     }
     static inline void fr_copy_streaming(char* d, const char* s, size_t n) { fr_copy_lines(d, s, n, 1); }
-    static inline void fr_copy(char* d, const char* s, size_t n) { fr_copy_lines(d, s, n, 0); }
+    /* memcpy, but in SSE lines where `rep movsb` would hit that case */
+    static inline void fr_copy(char* d, const char* s, size_t n) {
+        if (((uintptr_t) d - (uintptr_t) s - 1) % 4096 < 63)
+            fr_copy_lines(d, s, n, 0);
+        else
+            memcpy(d, s, n);
+    }
     """
     void fr_copy_streaming(char* d, const char* s, size_t n) nogil
     void fr_copy(char* d, const char* s, size_t n) nogil
