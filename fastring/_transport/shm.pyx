@@ -120,9 +120,15 @@ cdef extern from *:
     #include <emmintrin.h>
     #endif
     #include <string.h>
-    /* memcpy with streaming (non-temporal) stores: each destination line is written whole
-       without being read first, and evicts nothing from the cache. */
-    static inline void fr_copy_streaming(char* d, const char* s, size_t n) {
+    /* memcpy in 64-byte lines of SSE loads and stores onto aligned destination lines, with
+       streaming (non-temporal) stores where `streaming`: each destination line is then written
+       whole without being read first, and evicts nothing from the cache. glibc's memcpy copies
+       8 KiB to ~1 MiB with `rep movsb`, which on this machine's CPU (AMD Zen 3) runs at a
+       fifteenth of its speed when the destination lies 1-63 bytes past the source modulo 4 KiB:
+       numpy's large arrays start 16 bytes into a page, the segment's buffers on one, so every
+       copy out of the segment into a result was that case (scripts/bench_shm.py, BENCHMARKS.md
+       "Round 2, session 6"). */
+    static inline void fr_copy_lines(char* d, const char* s, size_t n, int streaming) {
     #if defined(__x86_64__)
         size_t head = (64 - ((uintptr_t) d & 63)) & 63, i = 0;
         if (head > n) head = n;
@@ -133,19 +139,36 @@ cdef extern from *:
             __m128i b = _mm_loadu_si128((const __m128i*) (s + i + 16));
             __m128i c = _mm_loadu_si128((const __m128i*) (s + i + 32));
             __m128i e = _mm_loadu_si128((const __m128i*) (s + i + 48));
-            _mm_stream_si128((__m128i*) (d + i), a);
-            _mm_stream_si128((__m128i*) (d + i + 16), b);
-            _mm_stream_si128((__m128i*) (d + i + 32), c);
-            _mm_stream_si128((__m128i*) (d + i + 48), e);
+            if (streaming) {
+                _mm_stream_si128((__m128i*) (d + i), a);
+                _mm_stream_si128((__m128i*) (d + i + 16), b);
+                _mm_stream_si128((__m128i*) (d + i + 32), c);
+                _mm_stream_si128((__m128i*) (d + i + 48), e);
+            } else {
+                _mm_store_si128((__m128i*) (d + i), a);
+                _mm_store_si128((__m128i*) (d + i + 16), b);
+                _mm_store_si128((__m128i*) (d + i + 32), c);
+                _mm_store_si128((__m128i*) (d + i + 48), e);
+            }
         }
-        _mm_sfence();  /* ordered before any later store, the flags included */
+        if (streaming)
+            _mm_sfence();  /* ordered before any later store, the flags included */
         memcpy(d + i, s + i, n - i);
     #else
         memcpy(d, s, n);
     #endif
     }
+    static inline void fr_copy_streaming(char* d, const char* s, size_t n) { fr_copy_lines(d, s, n, 1); }
+    /* memcpy, but in SSE lines where `rep movsb` would hit that case */
+    static inline void fr_copy(char* d, const char* s, size_t n) {
+        if (((uintptr_t) d - (uintptr_t) s - 1) % 4096 < 63)
+            fr_copy_lines(d, s, n, 0);
+        else
+            memcpy(d, s, n);
+    }
     """
     void fr_copy_streaming(char* d, const char* s, size_t n) nogil
+    void fr_copy(char* d, const char* s, size_t n) nogil
     uint64_t fr_load(const uint64_t* p) nogil
     uint64_t fr_claim(uint64_t* p, uint64_t end) nogil
     void fr_store(uint64_t* p, uint64_t v) nogil
@@ -205,7 +228,7 @@ cdef void _gather(Pieces* p, char* dst, int64_t offset, int64_t nbytes) noexcept
     while nbytes > 0:
         inside = offset - p.start
         m = min(nbytes, p.bytes[p.i] - inside)
-        memcpy(dst, <char*> p.at[p.i] + inside, m)
+        fr_copy(dst, <char*> p.at[p.i] + inside, m)
         dst += m
         offset += m
         nbytes -= m
@@ -326,7 +349,10 @@ cdef class SharedSegment:
     # unless more ranks than cores share the host, where every one of its many waits per call
     # may wait for a rank that is not running (8 MiB at np=3 on 2 cores: 50 ms, median).
     cdef public bint pipelined
-    cdef char* scratch         # two chunks of private memory: an accumulator and a landing place
+    # Two chunks of private memory, each with a page to spare: an accumulator and a landing
+    # place, each used from the page offset of the peer's memory it is copied from or to, as a
+    # copy between processes (process_vm_readv/writev) runs as `rep movsb` too (fr_copy)
+    cdef char* scratch
     # More ranks than this process may run on cores: a spinning wait yields its core at once.
     # Otherwise only after SHM_HOT_SPIN_SECONDS (SHM_ACTIVE_SPIN_SECONDS in a run of back-to-back
     # calls): a yield may hand the core to any other runnable process for a whole slice, but a
@@ -380,7 +406,7 @@ cdef class SharedSegment:
         s.stream_exchange_bytes = SHM_STREAM_EXCHANGE_MAX_BYTES
         s.reduce_scatter_round_bytes = SHM_REDUCESCATTER_ROUND_BYTES
         s.pipeline_tile = SHM_PIPELINE_TILE_BYTES
-        s.scratch = <char*> aligned_alloc(PAGE, 2 * s.chunk)
+        s.scratch = <char*> aligned_alloc(PAGE, 2 * (s.chunk + PAGE))
         if s.scratch == NULL:
             raise MemoryError()
         s.data_off = s.cycle_off + 2 * n * s.cycle_bytes
@@ -471,7 +497,7 @@ cdef class SharedSegment:
         if streaming:
             fr_copy_streaming(dst, src, nbytes)
         else:
-            memcpy(dst, src, nbytes)
+            fr_copy(dst, src, nbytes)
 
     cdef int _check(self) except -1:
         if self.broken is not None:
@@ -598,10 +624,10 @@ cdef class SharedSegment:
         Returns 0 or an errno."""
         cdef int n = self.size, me = self.rank, r, err = 0
         cdef const pid_t* pids = self.transport.pids
-        cdef char* landing = self.scratch + self.chunk
+        cdef char* landing
         if me == 0:
             if acc != src + at:
-                memcpy(acc, src + at, nbytes)
+                fr_copy(acc, src + at, nbytes)
         else:
             err = vm_copy(False, pids[0], acc, self._table(0)[1] + at, nbytes)
         for r in range(1, n):
@@ -610,6 +636,7 @@ cdef class SharedSegment:
             if r == me:
                 reduce(acc, src + at, nbytes // itemsize)
             else:
+                landing = self.scratch + self.chunk + PAGE + ((self._table(r)[1] + at) & (PAGE - 1))
                 err = vm_copy(False, pids[r], landing, self._table(r)[1] + at, nbytes)
                 if not err:
                     reduce(acc, landing, nbytes // itemsize)
@@ -644,13 +671,15 @@ cdef class SharedSegment:
             at = (c - first) * per
             k = min(per, nbytes - at)
             # rank 0 accumulates in its result; another rank must not overwrite its input in
-            # place before reducing it, so it accumulates in its scratch
-            acc = self.scratch if src == dst and me != 0 else dst + at
+            # place before reducing it, so it accumulates in its scratch, at the page offset of
+            # rank 0's result, which it copies from and to (see `scratch`)
+            acc = (self.scratch + ((self._table(0)[1 + n] + at) & (PAGE - 1)) if src == dst and me != 0
+                   else dst + at)
             err = self._gather_reduce(acc, src, at, k, reduce, itemsize)
             if not err:
                 self._finish_piece(acc, k // itemsize)
             if not err and acc != dst + at:
-                memcpy(dst + at, acc, k)
+                fr_copy(dst + at, acc, k)
             r = 0
             while not err and r < n:
                 if r != me:
@@ -772,9 +801,9 @@ cdef class SharedSegment:
         cdef int r
         self.data_rounds += 1
         if src != self._data(self.rank, round_):  # else gathered there (`allreduce_pieces`)
-            memcpy(self._data(self.rank, round_), src, nbytes)
+            fr_copy(self._data(self.rank, round_), src, nbytes)
         self._data_arrive()
-        memcpy(dst, self._data(0, round_), nbytes)
+        fr_copy(dst, self._data(0, round_), nbytes)
         for r in range(1, self.size):
             reduce(dst, self._data(r, round_), nbytes // itemsize)
         self._finish_piece(dst, nbytes // itemsize)
@@ -869,21 +898,21 @@ cdef class SharedSegment:
                 if me == 0:
                     _gather(p, acc, (done + off) * itemsize, k * itemsize)
                 else:
-                    memcpy(acc, self._data(0, round_) + off * itemsize, k * itemsize)
+                    fr_copy(acc, self._data(0, round_) + off * itemsize, k * itemsize)
                 for r in range(1, n):
                     if r == me:
                         _reduce_pieces(p, acc, (done + off) * itemsize, k * itemsize, reduce, itemsize)
                     else:
                         reduce(acc, self._data(r, round_) + off * itemsize, k)
                 self._finish_piece(acc, k)
-                memcpy(dst + (done + off) * itemsize, acc, k * itemsize)
+                fr_copy(dst + (done + off) * itemsize, acc, k * itemsize)
                 off += k
             self._data_arrive()
             for r in range(n):  # the others' reduced parts
                 off, end = _part_start(r, n, c), _part_start(r + 1, n, c)
                 if r != me and end > off:
-                    memcpy(dst + (done + off) * itemsize, self._data(r, round_) + off * itemsize,
-                           (end - off) * itemsize)
+                    fr_copy(dst + (done + off) * itemsize, self._data(r, round_) + off * itemsize,
+                            (end - off) * itemsize)
             done += c
         return 0
 
@@ -943,7 +972,7 @@ cdef class SharedSegment:
             if r != self.rank:
                 lo = self._pipe_tile(c, r, k, &hi)
                 if hi > lo:
-                    memcpy(self._pipe_slot(c, self.rank, k, r), c.src + lo * c.isz, (hi - lo) * c.isz)
+                    fr_copy(self._pipe_slot(c, self.rank, k, r), c.src + lo * c.isz, (hi - lo) * c.isz)
         self._publish(PIPE_STAGED, pos + 1)
         return 0
 
@@ -964,15 +993,15 @@ cdef class SharedSegment:
         while off < hi - lo:  # in rank order, piece by piece while in L1
             m = min(sub, hi - lo - off)
             if me == 0 and not direct:
-                memcpy(res + off * isz, mine + off * isz, m * isz)
+                fr_copy(res + off * isz, mine + off * isz, m * isz)
             for r in range(1, self.size):
                 c.reduce((out if direct else res) + off * isz,
                          (mine if r == me else self._pipe_slot(c, r, k, me)) + off * isz, m)
             self._finish_piece((out if direct else res) + off * isz, m)
             if direct:
-                memcpy(res + off * isz, out + off * isz, m * isz)
+                fr_copy(res + off * isz, out + off * isz, m * isz)
             else:
-                memcpy(out + off * isz, res + off * isz, m * isz)
+                fr_copy(out + off * isz, res + off * isz, m * isz)
             off += m
         self._publish(PIPE_REDUCED, self.piped + k + 1)
         return 0
@@ -986,7 +1015,7 @@ cdef class SharedSegment:
             if r != self.rank:
                 lo = self._pipe_tile(c, r, k, &hi)
                 if hi > lo:
-                    memcpy(c.dst + lo * c.isz, self._pipe_slot(c, 0, k, r), (hi - lo) * c.isz)
+                    fr_copy(c.dst + lo * c.isz, self._pipe_slot(c, 0, k, r), (hi - lo) * c.isz)
         self._publish(PIPE_DONE, self.piped + k + 1)
         return 0
 
