@@ -130,7 +130,7 @@ SHM_STREAM_BROADCAST_MAX_BYTES = 16 << 20
 # of a 16 MiB call's 32 pieces (the root's copy in is the slower one here); with the direct
 # reads they copied 5 MiB a call that way and waited on about 4.
 SHM_STREAM_DIRECT_BYTES = 16 << 20
-SHM_STREAM_DIRECT_CHUNK_BYTES = 512 * 1024
+SHM_STREAM_DIRECT_CHUNK_BYTES = 2 << 20
 # The segment's allgathers write outputs of this many bytes and more with streaming
 # (non-temporal) stores: at this size the output no longer stays in the cache anyway, and a
 # plain store reads each line before writing it.
