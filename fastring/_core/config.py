@@ -123,12 +123,10 @@ SHM_STREAM_LARGE_PIECE_BYTES = 512 * 1024
 # broadcast, which tied with the stream at 32 and 64 MiB (BENCHMARKS.md, issue 18, session 4).
 SHM_STREAM_BROADCAST_MAX_BYTES = 16 << 20
 # From this size, where the ranks may copy between their memories and no more ranks than cores
-# share the host, a streamed broadcast's rank that would wait copies straight between the
-# processes instead, this many bytes at a time from the end backwards (`stream_broadcast`): a
-# root whose ring is full writes into the readers, and on two ranks a reader whose next piece
-# is not yet published reads from the root. The readers waited for the root's next piece on 25-30
-# of a 16 MiB call's 32 pieces (the root's copy in is the slower one here); with the direct
-# reads they copied 5 MiB a call that way and waited on about 4.
+# share the host, a streamed broadcast's root writes the bytes it would otherwise wait to stream
+# straight into the readers' outputs (process_vm_writev), from the end backwards, this many at a
+# time, whenever its ring is full: the readers then copy only the front part out of the ring,
+# and the root, which waited on them before, writes the rest at once (`stream_broadcast`).
 SHM_STREAM_DIRECT_BYTES = 16 << 20
 SHM_STREAM_DIRECT_CHUNK_BYTES = 2 << 20
 # The segment's allgathers write outputs of this many bytes and more with streaming

@@ -162,12 +162,6 @@ DEF SUB_BYTES = 32768   # the reduction's unit: a piece copied and reduced while
 # streams it received (both in bytes of the one stream position every rank counts alike).
 DEF STREAM_SENT = 8
 DEF STREAM_READ = 9
-# A rank's streamed-broadcast words, after its address table's (`stream_broadcast`)
-DEF BCAST_AT = 0       # where the call ends whose output this rank published in RECV[root]
-DEF ROOT_BACK = 1      # as root: where its direct part starts (all of it once the call is published)
-DEF ROOT_ERR = 2       # as root: the errno of its direct copies in its last call (0: none)
-DEF READER_BACK = 3    # as reader: where the part it read directly starts
-DEF READER_ERR = 4     # as reader: the errno of its direct copies in its last call (0: none)
 DEF BY_CHOICE = -2      # a single-copy allreduce that rank 0 sent through the segment's buffers instead
 # In a rank's sequence line, second half: how many tiles of the pipelined allreduce
 # (`_pipeline`) this rank has staged, reduced, and finished (copied every other part out),
@@ -317,6 +311,9 @@ cdef class SharedSegment:
     cdef int64_t chunk         # bytes per claimed chunk of a single-copy call
     cdef int64_t stream_off, stream_piece, large_piece, ring
     cdef uint64_t streamed     # the stream position: bytes every streamed broadcast so far moved
+    # The end of this rank's last streamed broadcast as root that wrote into the readers
+    # directly (0: none): its readers must be past it before the root's words change again.
+    cdef uint64_t direct_end
     # Streamed broadcasts from `stream_direct_bytes` have the root write into the readers
     # directly, `stream_direct_chunk` bytes at a time, where it would wait for ring space
     # (SHM_STREAM_DIRECT_BYTES, SHM_STREAM_DIRECT_CHUNK_BYTES); tests change them, on every rank
@@ -384,7 +381,7 @@ cdef class SharedSegment:
         s.tile = _align(tile_bytes, PAGE)
         s.cycle_bytes = _align(cycle_bytes, PAGE)
         s.table_off = (n + 1) * LINE
-        s.table_stride = _align((2 * n + 7) * 8, LINE)
+        s.table_stride = _align((2 * n + 5) * 8, LINE)
         s.cycle_off = _align(s.table_off + n * s.table_stride, PAGE)
         s.chunk = _align(SHM_SINGLE_COPY_CHUNK_BYTES, PAGE)
         s.single_copy_bytes = SHM_SINGLE_COPY_BYTES
@@ -559,8 +556,10 @@ cdef class SharedSegment:
     # SEND[k] (1 + k): where this rank's bytes for rank k start, then RECV[j] (1 + n + j):
     # where the bytes from rank j land in this rank's memory, then (1 + 2n, rank 0's alone)
     # whether this allreduce goes in rounds instead; then the streamed broadcast's words
-    # (BCAST_AT ... READER_ERR), where a broadcast's RECV[root] (the root's own included) is
-    # its `buf`.
+    # (`stream_broadcast`): a reader's BCAST_AT, the stream position where the broadcast ends
+    # whose output is in its RECV[root], and a root's DIRECT_FROM and DIRECT_ERR, where in its last
+    # broadcast the bytes it wrote into the readers directly start, and the errno that
+    # stopped it doing so (0: none).
 
     cdef inline uint64_t* _table(self, int r) noexcept nogil:
         return <uint64_t*> (self.base + self.table_off + r * self.table_stride)
@@ -1053,15 +1052,13 @@ cdef class SharedSegment:
         needs next, so the call takes about one copy's time plus a piece.
 
         From `stream_direct_bytes` (where the ranks may copy between their memories and no
-        more ranks than cores share the host) a rank that would wait copies straight between
-        the processes instead, `stream_direct_chunk` bytes at a time from the end backwards:
-        a root whose ring is full writes the last bytes not yet streamed into every reader's
-        `buf`, and on two ranks a reader whose next piece is not yet published reads them from
-        the root's `buf`. Each side publishes where its `buf` is when it starts and, as it
-        goes, where its direct part starts; the root streams only what lies before both, the
-        reader copies out of the ring only that, and the root returns once the readers are
-        done (they may still be reading its `buf`). Returns 0, or on every rank the errno of a
-        direct copy that failed: the bytes went through the ring instead (the result is
+        more ranks than cores share the host), a root whose ring is full writes the last
+        bytes not yet streamed straight into every reader's `buf` instead of waiting,
+        `stream_direct_chunk` at a time, from the end backwards: the readers copy only the
+        front out of the ring, and the root copies too. Each reader publishes where its `buf`
+        is when it starts; the root, once done, where its direct part starts, which a reader
+        reads when it finds the whole call published. Returns 0, or on every rank the errno
+        of a direct copy that failed: the root streamed those bytes instead (the result is
         whole), and single copy is off from now on (Transport.disable_single_copy)."""
         self._check()
         if not 0 <= root < self.size:
@@ -1076,21 +1073,16 @@ cdef class SharedSegment:
         # so that no piece straddles the end of the ring.
         cdef uint64_t start = <uint64_t> _align(<int64_t> self.streamed, step)
         cdef uint64_t end = start + <uint64_t> nbytes
-        # alike on every rank (the settings are)
-        cdef bint direct = (nbytes >= self.stream_direct_bytes and self.stream_direct_chunk > 0
+        cdef bint direct = (self.rank == root and nbytes >= self.stream_direct_bytes and self.stream_direct_chunk > 0
                             and not self.oversubscribed and self._single_copy(nbytes, 0))
         cdef int err = 0
         self.streamed = end
         try:
             with nogil:
-                if direct:  # where this rank's `buf` is, for the others' direct copies
-                    self._table(self.rank)[1 + self.size + root] = <uint64_t> buf
-                    self._bcast_words(self.rank)[ROOT_BACK if self.rank == root else READER_BACK] = end
-                    fr_store(self._bcast_words(self.rank) + BCAST_AT, end)
                 if self.rank == root:
                     err = self._stream_root(<char*> buf, start, end, step, root, direct)
                 else:
-                    err = self._stream_read(<char*> buf, start, end, step, root, streaming, direct)
+                    err = self._stream_read(<char*> buf, start, end, step, root, streaming)
         except BaseException:
             self._failed()
             raise
@@ -1099,18 +1091,8 @@ cdef class SharedSegment:
         return err
 
     cdef inline uint64_t* _bcast_words(self, int r) noexcept nogil:
-        """Rank r's streamed-broadcast words (the address table's comment)."""
+        """Rank r's BCAST_AT, DIRECT_FROM and DIRECT_ERR (the address table's comment)."""
         return self._table(r) + 2 + 2 * self.size
-
-    cdef uint64_t _back_of(self, int skip, int word, uint64_t end) noexcept nogil:
-        """The least `word` (ROOT_BACK or READER_BACK) of the ranks but `skip` that have
-        published their `buf` for the call ending at `end` (`end` if none has)."""
-        cdef uint64_t least = end
-        cdef int r
-        for r in range(self.size):
-            if r != skip and fr_load(self._bcast_words(r) + BCAST_AT) >= end:
-                least = min(least, fr_load(self._bcast_words(r) + word))
-        return least
 
     cdef bint _readers_at(self, int word, uint64_t target, int root, bint table) noexcept nogil:
         """Whether every rank but `root` has its sequence word (or with `table`, its
@@ -1121,119 +1103,87 @@ cdef class SharedSegment:
                 return False
         return True
 
-    cdef inline uint64_t _cut(self, uint64_t start, uint64_t at, uint64_t back, int64_t step) noexcept nogil:
-        """Where a direct chunk that ends at `back` starts: at most `stream_direct_chunk`
-        bytes before it, on a piece boundary, leaving the piece at `at` (`back`: none)."""
-        if back <= at + <uint64_t> step:
-            return back
-        cdef uint64_t cut = back - min(<uint64_t> self.stream_direct_chunk, back - at - <uint64_t> step)
-        return min(back, start + <uint64_t> _align(<int64_t> (cut - start), step))
-
     cdef int _stream_root(self, char* buf, uint64_t start, uint64_t end, int64_t step, int root,
                           bint direct) except -1 nogil:
-        """`stream_broadcast` on the root: streams from the front up to where the readers'
-        direct parts start; with `direct`, while the ring is full and the readers have
-        published their outputs, writes chunks from the back into them. Returns 0 or the
-        errno of a failed direct copy, its own or a reader's."""
+        """`stream_broadcast` on the root: streams from the front; with `direct`, while the
+        ring is full and the readers have published their outputs, writes chunks from the
+        back into them. Returns 0 or the errno of a failed direct copy."""
         cdef Link* link = &self.transport.link
         cdef const pid_t* pids = self.transport.pids
         cdef char* ring_base = self.base + self.stream_off + root * self.tile
         cdef int64_t ring = self.ring, piece
-        cdef uint64_t at = start, back = end, cut, stop
+        cdef uint64_t at = start, back = end, cut, last = self.direct_end
         cdef int err = 0, r
-        cdef bint pulled = direct  # the readers may read `buf` directly until they are done
-        while True:
-            stop = min(back, self._back_of(root, READER_BACK, end)) if direct else back
-            if at >= stop:
-                break
-            piece = min(step, <int64_t> (stop - at))
+        while at < back:
+            piece = min(step, <int64_t> (back - at))
             if at + piece > <uint64_t> ring and not self._readers_at(STREAM_READ, at + piece - ring, root, False):
-                # the ring is full: write the last chunk not yet copied straight into the
-                # readers, else wait
-                cut = self._cut(start, at, stop, step)
-                if direct and cut < stop and self._readers_at(BCAST_AT, end, root, True):
+                # the ring is full: write the last chunk not yet streamed straight into the
+                # readers (from a piece boundary, leaving this piece to stream), else wait
+                cut = back - min(<uint64_t> self.stream_direct_chunk, back - at - <uint64_t> piece)
+                cut = start + <uint64_t> _align(<int64_t> (cut - start), step)
+                if direct and cut < back and self._readers_at(0, end, root, True):
                     r = 0
                     while not err and r < self.size:
                         if r != root:
-                            err = vm_copy(True, pids[r], buf + (cut - start),
-                                          self._table(r)[1 + self.size + root] + (cut - start), <int64_t> (stop - cut))
+                            err = vm_copy(True, pids[r], buf + (cut - start), self._table(r)[1 + self.size + root] + (cut - start),
+                                          <int64_t> (back - cut))
                         r += 1
-                    if err:  # the rest goes through the ring; the readers copy it again
+                    if err:  # stream everything from here instead; readers copy it again
                         direct, back = False, end
                     else:
                         back = cut
-                        fr_store(self._bcast_words(root) + ROOT_BACK, back)
+                    self.direct_end = end
                     continue
                 self._await(STREAM_READ, at + piece - ring, -1, root, link.spin, link.interval, link.hook)
             memcpy(ring_base + at % ring, buf + (at - start), piece)
-            if at + piece == end:  # a reader that finds it all published reads these first
-                self._root_words(back, err)
+            if at + piece == back:  # the last piece: a reader that sees it all reads these
+                self._root_words(back, err, last)
             self._publish(STREAM_SENT, at + piece)
             at += piece
-        if at < end:
-            self._root_words(back, err)
-            self._publish(STREAM_SENT, end)
-        if pulled:  # the readers may still read `buf`
-            self._await(STREAM_READ, end, -1, root, link.spin, link.interval, link.hook)
-            for r in range(self.size):
-                if r != root and not err:
-                    err = <int> self._bcast_words(r)[READER_ERR]
+        self._publish(STREAM_SENT, end)
         self._publish(STREAM_READ, end)
         return err
 
-    cdef int _root_words(self, uint64_t back, int err) except -1 nogil:
-        self._bcast_words(self.rank)[ROOT_ERR] = <uint64_t> err
-        fr_store(self._bcast_words(self.rank) + ROOT_BACK, back)
+    cdef int _root_words(self, uint64_t back, int err, uint64_t last) except -1 nogil:
+        """Publish where this call's direct part starts and its errno, once the readers are
+        past `last`, the end of the last call whose readers read them (`direct_end`)."""
+        cdef Link* link = &self.transport.link
+        if last:
+            self._await(STREAM_READ, last, -1, self.rank, link.spin, link.interval, link.hook)
+        self._bcast_words(self.rank)[1] = back
+        self._bcast_words(self.rank)[2] = <uint64_t> err
         return 0
 
     cdef int _stream_read(self, char* buf, uint64_t start, uint64_t end, int64_t step, int root,
-                          bint streaming, bint direct) except -1 nogil:
-        """`stream_broadcast` on a reader: copies each piece out of the root's ring as it is
-        published, up to where the root wrote directly or where this rank read directly: in a
-        `direct` call on two ranks, while its next piece is not yet published, it reads chunks
-        from the back of the root's `buf`. Returns 0 or the errno of a failed direct copy,
-        the root's or its own."""
+                          bint streaming) except -1 nogil:
+        """`stream_broadcast` on a reader: publishes where `buf` is, then copies each piece
+        out of the root's ring as it is published, up to where the root wrote directly.
+        Returns 0 or the errno the root published."""
         cdef Link* link = &self.transport.link
         cdef char* ring_base = self.base + self.stream_off + root * self.tile
         cdef int64_t ring = self.ring, piece
-        cdef uint64_t at = start, back = end, cut, stop
+        cdef uint64_t at = start
         cdef uint64_t* words = self._bcast_words(root)
-        cdef uint64_t* mine = self._bcast_words(self.rank)
-        cdef int err = 0, failed = 0
-        cdef bint pulls = direct and self.size == 2
-        while at < back:
-            piece = min(step, <int64_t> (back - at))
-            if fr_load(self._word(root) + STREAM_SENT) < at + piece:
-                # read the last chunk not yet copied from the root instead of waiting
-                stop = min(back, self._back_of(self.rank, ROOT_BACK, end))
-                cut = self._cut(start, at, stop, step)
-                if pulls and cut < stop and fr_load(words + BCAST_AT) >= end:
-                    failed = vm_copy(False, self.transport.pids[root], buf + (cut - start),
-                                     self._table(root)[1 + self.size + root] + (cut - start), <int64_t> (stop - cut))
-                    if failed:
-                        pulls = False
-                    else:
-                        back = cut
-                        fr_store(mine + READER_BACK, back)
-                    continue
+        cdef int err = 0
+        if end > start:  # a call of no bytes would publish the start of the next one
+            self._table(self.rank)[1 + self.size + root] = <uint64_t> buf
+            fr_store(self._bcast_words(self.rank), end)
+        while at < end:
+            piece = min(step, <int64_t> (end - at))
             self._await(STREAM_SENT, at + piece, root, -1, link.spin, link.interval, link.hook)
-            if fr_load(self._word(root) + STREAM_SENT) >= end and at >= fr_load(words + ROOT_BACK):
+            if fr_load(self._word(root) + STREAM_SENT) >= end and at >= fr_load(words + 1):
                 break  # the root has written the rest into `buf`
             self._copy_out(buf + (at - start), ring_base + at % ring, piece, streaming)
             self._publish(STREAM_READ, at + piece)
             at += piece
-        if direct:  # the root may still write into `buf` (this rank may have stopped early)
-            self._await(STREAM_SENT, end, root, -1, link.spin, link.interval, link.hook)
         if end > start:
             # The root's words of this call, or (read after them: written before) of a later
             # call that is past `end`: this call wrote nothing directly then, nor failed.
-            err = <int> fr_load(words + ROOT_ERR)
-            if fr_load(words + ROOT_BACK) > end:
+            err = <int> fr_load(words + 2)
+            if fr_load(words + 1) > end:
                 err = 0
-        if direct:
-            mine[READER_ERR] = <uint64_t> failed
         self._publish(STREAM_READ, end)
-        return err or failed
+        return err
 
     cdef int _exchange_write(self, const int64_t* io, bint per_dest, uint64_t p, int64_t off, int64_t w,
                              bint streaming) except -1 nogil:
