@@ -122,13 +122,6 @@ SHM_STREAM_LARGE_PIECE_BYTES = 512 * 1024
 # of the ring stay in the cache; from it they take streaming stores); above it the single-copy
 # broadcast, which tied with the stream at 32 and 64 MiB (BENCHMARKS.md, issue 18, session 4).
 SHM_STREAM_BROADCAST_MAX_BYTES = 16 << 20
-# From this size, where the ranks may copy between their memories and no more ranks than cores
-# share the host, a streamed broadcast's root writes the bytes it would otherwise wait to stream
-# straight into the readers' outputs (process_vm_writev), from the end backwards, this many at a
-# time, whenever its ring is full: the readers then copy only the front part out of the ring,
-# and the root, which waited on them before, writes the rest at once (`stream_broadcast`).
-SHM_STREAM_DIRECT_BYTES = 16 << 20
-SHM_STREAM_DIRECT_CHUNK_BYTES = 2 << 20
 # The segment's allgathers write outputs of this many bytes and more with streaming
 # (non-temporal) stores: at this size the output no longer stays in the cache anyway, and a
 # plain store reads each line before writing it.

@@ -71,7 +71,6 @@ from .._core.config import (SHM_ACTIVE_SPIN_SECONDS, SHM_ALLREDUCE_SINGLE_COPY_B
                             SHM_PIECES_ROUND_BYTES, SHM_PIPELINE_TILE_BYTES, SHM_REDUCESCATTER_ROUND_BYTES,
                             SHM_SINGLE_COPY_BYTES,
                             SHM_SINGLE_COPY_CHUNK_BYTES, SHM_STREAM_EXCHANGE_LEAD_PIECES, SHM_STREAM_EXCHANGE_MAX_BYTES,
-                            SHM_STREAM_DIRECT_BYTES, SHM_STREAM_DIRECT_CHUNK_BYTES,
                             SHM_STREAM_LARGE_PIECE_BYTES, SHM_STREAM_PIECE_BYTES,
                             SHM_STREAMING_STORE_BYTES, WAIT_CYCLE_SPIN_SECONDS)
 from .._core.errors import FastringError
@@ -311,14 +310,6 @@ cdef class SharedSegment:
     cdef int64_t chunk         # bytes per claimed chunk of a single-copy call
     cdef int64_t stream_off, stream_piece, large_piece, ring
     cdef uint64_t streamed     # the stream position: bytes every streamed broadcast so far moved
-    # The end of this rank's last streamed broadcast as root that wrote into the readers
-    # directly (0: none): its readers must be past it before the root's words change again.
-    cdef uint64_t direct_end
-    # Streamed broadcasts from `stream_direct_bytes` have the root write into the readers
-    # directly, `stream_direct_chunk` bytes at a time, where it would wait for ring space
-    # (SHM_STREAM_DIRECT_BYTES, SHM_STREAM_DIRECT_CHUNK_BYTES); tests change them, on every rank
-    # alike (only the root's matter).
-    cdef public int64_t stream_direct_bytes, stream_direct_chunk
     cdef uint64_t piped        # tiles every pipelined allreduce so far ran (`_pipeline`)
     # Where single copy starts (SHM_SINGLE_COPY_BYTES, SHM_ALLREDUCE_SINGLE_COPY_BYTES); tests
     # lower them, on every rank alike, to run small messages that way.
@@ -381,14 +372,12 @@ cdef class SharedSegment:
         s.tile = _align(tile_bytes, PAGE)
         s.cycle_bytes = _align(cycle_bytes, PAGE)
         s.table_off = (n + 1) * LINE
-        s.table_stride = _align((2 * n + 5) * 8, LINE)
+        s.table_stride = _align((2 * n + 2) * 8, LINE)
         s.cycle_off = _align(s.table_off + n * s.table_stride, PAGE)
         s.chunk = _align(SHM_SINGLE_COPY_CHUNK_BYTES, PAGE)
         s.single_copy_bytes = SHM_SINGLE_COPY_BYTES
         s.streaming_bytes = SHM_STREAMING_STORE_BYTES
         s.stream_exchange_bytes = SHM_STREAM_EXCHANGE_MAX_BYTES
-        s.stream_direct_bytes = SHM_STREAM_DIRECT_BYTES
-        s.stream_direct_chunk = SHM_STREAM_DIRECT_CHUNK_BYTES
         s.reduce_scatter_round_bytes = SHM_REDUCESCATTER_ROUND_BYTES
         s.pipeline_tile = SHM_PIPELINE_TILE_BYTES
         s.scratch = <char*> aligned_alloc(PAGE, 2 * s.chunk)
@@ -555,11 +544,7 @@ cdef class SharedSegment:
     # Address table words: [0] the errno of this rank's last single-copy call (0: none), then
     # SEND[k] (1 + k): where this rank's bytes for rank k start, then RECV[j] (1 + n + j):
     # where the bytes from rank j land in this rank's memory, then (1 + 2n, rank 0's alone)
-    # whether this allreduce goes in rounds instead; then the streamed broadcast's words
-    # (`stream_broadcast`): a reader's BCAST_AT, the stream position where the broadcast ends
-    # whose output is in its RECV[root], and a root's DIRECT_FROM and DIRECT_ERR, where in its last
-    # broadcast the bytes it wrote into the readers directly start, and the errno that
-    # stopped it doing so (0: none).
+    # whether this allreduce goes in rounds instead.
 
     cdef inline uint64_t* _table(self, int r) noexcept nogil:
         return <uint64_t*> (self.base + self.table_off + r * self.table_stride)
@@ -1049,141 +1034,44 @@ cdef class SharedSegment:
         copies each piece out as soon as it is published and publishes how far it has read,
         which frees ring space for the root's later pieces. No barrier: the readers copy
         while the root writes, and each rank waits only for the piece, or the ring space, it
-        needs next, so the call takes about one copy's time plus a piece.
-
-        From `stream_direct_bytes` (where the ranks may copy between their memories and no
-        more ranks than cores share the host), a root whose ring is full writes the last
-        bytes not yet streamed straight into every reader's `buf` instead of waiting,
-        `stream_direct_chunk` at a time, from the end backwards: the readers copy only the
-        front out of the ring, and the root copies too. Each reader publishes where its `buf`
-        is when it starts; the root, once done, where its direct part starts, which a reader
-        reads when it finds the whole call published. Returns 0, or on every rank the errno
-        of a direct copy that failed: the root streamed those bytes instead (the result is
-        whole), and single copy is off from now on (Transport.disable_single_copy)."""
+        needs next, so the call takes about one copy's time plus a piece."""
         self._check()
         if not 0 <= root < self.size:
             raise ValueError(f"root {root} is outside [0, {self.size})")
         if nbytes < 0:
             raise ValueError(f"nbytes must not be negative, got {nbytes}")
+        cdef int64_t ring = self.ring
         cdef bint streaming = nbytes >= self.streaming_bytes
         # large pieces where the readers write with streaming stores: fewer hand-overs, and no
         # cache for a smaller piece to stay in
-        cdef int64_t step = self.large_piece if streaming else self.stream_piece
+        cdef int64_t step = self.large_piece if streaming else self.stream_piece, piece
         # Every rank counts the same stream position; each call starts on a piece boundary,
         # so that no piece straddles the end of the ring.
         cdef uint64_t start = <uint64_t> _align(<int64_t> self.streamed, step)
-        cdef uint64_t end = start + <uint64_t> nbytes
-        cdef bint direct = (self.rank == root and nbytes >= self.stream_direct_bytes and self.stream_direct_chunk > 0
-                            and not self.oversubscribed and self._single_copy(nbytes, 0))
-        cdef int err = 0
+        cdef uint64_t end = start + <uint64_t> nbytes, at
+        cdef Link* link = &self.transport.link
+        cdef char* ring_base = self.base + self.stream_off + root * self.tile
         self.streamed = end
         try:
             with nogil:
-                if self.rank == root:
-                    err = self._stream_root(<char*> buf, start, end, step, root, direct)
-                else:
-                    err = self._stream_read(<char*> buf, start, end, step, root, streaming)
+                at = start
+                while at < end:
+                    piece = min(step, <int64_t> (end - at))
+                    if self.rank == root:
+                        if at + piece > <uint64_t> ring:  # ring space the readers must have left
+                            self._await(STREAM_READ, at + piece - ring, -1, root,
+                                        link.spin, link.interval, link.hook)
+                        memcpy(ring_base + at % ring, <char*> buf + (at - start), piece)
+                        self._publish(STREAM_SENT, at + piece)
+                    else:
+                        self._await(STREAM_SENT, at + piece, root, -1, link.spin, link.interval, link.hook)
+                        self._copy_out(<char*> buf + (at - start), ring_base + at % ring, piece, streaming)
+                        self._publish(STREAM_READ, at + piece)
+                    at += piece
+                self._publish(STREAM_READ, end)
         except BaseException:
             self._failed()
             raise
-        if err:
-            self.transport.disable_single_copy()
-        return err
-
-    cdef inline uint64_t* _bcast_words(self, int r) noexcept nogil:
-        """Rank r's BCAST_AT, DIRECT_FROM and DIRECT_ERR (the address table's comment)."""
-        return self._table(r) + 2 + 2 * self.size
-
-    cdef bint _readers_at(self, int word, uint64_t target, int root, bint table) noexcept nogil:
-        """Whether every rank but `root` has its sequence word (or with `table`, its
-        broadcast word) `word` at `target` or past it."""
-        cdef int r
-        for r in range(self.size):
-            if r != root and fr_load((self._bcast_words(r) if table else self._word(r)) + word) < target:
-                return False
-        return True
-
-    cdef int _stream_root(self, char* buf, uint64_t start, uint64_t end, int64_t step, int root,
-                          bint direct) except -1 nogil:
-        """`stream_broadcast` on the root: streams from the front; with `direct`, while the
-        ring is full and the readers have published their outputs, writes chunks from the
-        back into them. Returns 0 or the errno of a failed direct copy."""
-        cdef Link* link = &self.transport.link
-        cdef const pid_t* pids = self.transport.pids
-        cdef char* ring_base = self.base + self.stream_off + root * self.tile
-        cdef int64_t ring = self.ring, piece
-        cdef uint64_t at = start, back = end, cut, last = self.direct_end
-        cdef int err = 0, r
-        while at < back:
-            piece = min(step, <int64_t> (back - at))
-            if at + piece > <uint64_t> ring and not self._readers_at(STREAM_READ, at + piece - ring, root, False):
-                # the ring is full: write the last chunk not yet streamed straight into the
-                # readers (from a piece boundary, leaving this piece to stream), else wait
-                cut = back - min(<uint64_t> self.stream_direct_chunk, back - at - <uint64_t> piece)
-                cut = start + <uint64_t> _align(<int64_t> (cut - start), step)
-                if direct and cut < back and self._readers_at(0, end, root, True):
-                    r = 0
-                    while not err and r < self.size:
-                        if r != root:
-                            err = vm_copy(True, pids[r], buf + (cut - start), self._table(r)[1 + self.size + root] + (cut - start),
-                                          <int64_t> (back - cut))
-                        r += 1
-                    if err:  # stream everything from here instead; readers copy it again
-                        direct, back = False, end
-                    else:
-                        back = cut
-                    self.direct_end = end
-                    continue
-                self._await(STREAM_READ, at + piece - ring, -1, root, link.spin, link.interval, link.hook)
-            memcpy(ring_base + at % ring, buf + (at - start), piece)
-            if at + piece == back:  # the last piece: a reader that sees it all reads these
-                self._root_words(back, err, last)
-            self._publish(STREAM_SENT, at + piece)
-            at += piece
-        self._publish(STREAM_SENT, end)
-        self._publish(STREAM_READ, end)
-        return err
-
-    cdef int _root_words(self, uint64_t back, int err, uint64_t last) except -1 nogil:
-        """Publish where this call's direct part starts and its errno, once the readers are
-        past `last`, the end of the last call whose readers read them (`direct_end`)."""
-        cdef Link* link = &self.transport.link
-        if last:
-            self._await(STREAM_READ, last, -1, self.rank, link.spin, link.interval, link.hook)
-        self._bcast_words(self.rank)[1] = back
-        self._bcast_words(self.rank)[2] = <uint64_t> err
-        return 0
-
-    cdef int _stream_read(self, char* buf, uint64_t start, uint64_t end, int64_t step, int root,
-                          bint streaming) except -1 nogil:
-        """`stream_broadcast` on a reader: publishes where `buf` is, then copies each piece
-        out of the root's ring as it is published, up to where the root wrote directly.
-        Returns 0 or the errno the root published."""
-        cdef Link* link = &self.transport.link
-        cdef char* ring_base = self.base + self.stream_off + root * self.tile
-        cdef int64_t ring = self.ring, piece
-        cdef uint64_t at = start
-        cdef uint64_t* words = self._bcast_words(root)
-        cdef int err = 0
-        if end > start:  # a call of no bytes would publish the start of the next one
-            self._table(self.rank)[1 + self.size + root] = <uint64_t> buf
-            fr_store(self._bcast_words(self.rank), end)
-        while at < end:
-            piece = min(step, <int64_t> (end - at))
-            self._await(STREAM_SENT, at + piece, root, -1, link.spin, link.interval, link.hook)
-            if fr_load(self._word(root) + STREAM_SENT) >= end and at >= fr_load(words + 1):
-                break  # the root has written the rest into `buf`
-            self._copy_out(buf + (at - start), ring_base + at % ring, piece, streaming)
-            self._publish(STREAM_READ, at + piece)
-            at += piece
-        if end > start:
-            # The root's words of this call, or (read after them: written before) of a later
-            # call that is past `end`: this call wrote nothing directly then, nor failed.
-            err = <int> fr_load(words + 2)
-            if fr_load(words + 1) > end:
-                err = 0
-        self._publish(STREAM_READ, end)
-        return err
 
     cdef int _exchange_write(self, const int64_t* io, bint per_dest, uint64_t p, int64_t off, int64_t w,
                              bint streaming) except -1 nogil:

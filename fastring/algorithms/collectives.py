@@ -148,9 +148,7 @@ class SharedMemoryBroadcast:
     and the others copy each piece out as it lands (`SharedSegment.stream_broadcast`), no
     barrier and no MPI message. From 1 to 16 MiB it took 0.5-0.9x the single-copy broadcast's
     time in the same launches (that one exchanges addresses and a status over MPI, and copies
-    between processes at the kernel's speed); at 32 and 64 MiB the two tied. From
-    SHM_STREAM_DIRECT_BYTES the root also writes the bytes it would wait to stream straight
-    into the readers."""
+    between processes at the kernel's speed); at 32 and 64 MiB the two tied."""
 
     name = "shm"
 
@@ -160,10 +158,7 @@ class SharedMemoryBroadcast:
 
     @staticmethod
     def run(rt, buf: np.ndarray, root: int) -> None:
-        failed = rt.shm.stream_broadcast(array_address(buf), buf.nbytes, root)
-        if failed:
-            log.warning("a direct copy of a streamed broadcast failed (%s); the root streamed those bytes "
-                        "instead, and copies between processes are off from now on", os.strerror(failed))
+        rt.shm.stream_broadcast(array_address(buf), buf.nbytes, root)
 
 
 class SingleCopyBroadcast:

@@ -40,7 +40,6 @@ from fastring._core.config import (SHM_ONE_STEP_BYTES, SHM_PIECES_ROUND_BYTES, S
 from fastring._core.runtime import runtime
 from fastring._transport import CYCLE_HEADER_WORDS, SPECULATION_FAILED, array_address
 from fastring._transport.shm import copy_streaming
-from fastring._transport.testing import set_pid
 from fastring import kernels
 from fastring.algorithms.shm import SharedMemory
 from fastring.engine.engine import Engine
@@ -265,33 +264,6 @@ def streamed_broadcasts(tag):
                    ValueError, "root")
     c.expect_error("stream_broadcast negative size", lambda: shm.stream_broadcast(array_address(buf), -1, 0),
                    ValueError, "negative")
-
-
-def direct_broadcasts(tag):
-    """`streamed_broadcasts` with the root writing what it would wait to stream straight into
-    the readers from a ring's worth of bytes, a large piece and a byte at a time (so a chunk
-    ends off a piece boundary), where it may (not where ranks outnumber the cores). Then a
-    direct copy that fails (the root's process id of the last rank made wrong): the root
-    streams those bytes instead, every rank returns the errno and has single copy off."""
-    saved = shm.stream_direct_bytes, shm.stream_direct_chunk
-    shm.stream_direct_bytes, shm.stream_direct_chunk = shm.tile_bytes, SHM_STREAM_LARGE_PIECE_BYTES + 1
-    streamed_broadcasts(f"direct, {tag}")
-    nbytes = 3 * shm.tile_bytes + 5
-    expect = ((np.arange(nbytes, dtype=np.int64) * 13 + 5) % 253).astype(np.uint8)
-    buf = expect.copy() if R == 0 else np.zeros(nbytes, np.uint8)
-    if R == 0:
-        set_pid(rt.transport, N - 1, c.pid_of_no_process())
-    for attempt in range(20):  # until the root's ring fills (the readers may keep up for a while)
-        buf[:] = expect if R == 0 else 0
-        failed = shm.stream_broadcast(array_address(buf), nbytes, 0)
-        c.check_close(f"direct broadcast that failed, {tag}, call {attempt}", buf, expect, 0)
-        if failed or not shm.pipelined:
-            break
-    expected = errno.ESRCH if shm.pipelined else 0  # no direct copies where oversubscribed
-    c.CHECKS.check(failed == expected, f"direct broadcast that failed, {tag}: returned {failed}, expected {expected}")
-    c.CHECKS.check(rt.transport.single_copy == (not expected), "single copy still on after a failed direct copy")
-    c.CHECKS.check(rt.transport.enable_single_copy(), "single copy could not be turned on again")
-    shm.stream_direct_bytes, shm.stream_direct_chunk = saved
 
 
 def streaming_copies():
@@ -519,7 +491,6 @@ finished_where_reduced(lambda dt: (SHM_ONE_STEP_BYTES // dt.itemsize - 1,
                                     2 * SHM_SINGLE_COPY_CHUNK_BYTES // dt.itemsize + N + 1), "single copy")
 collectives_loops("single copy", 1 << 20)
 streamed_broadcasts("cached")
-direct_broadcasts("cached")
 streaming_copies()
 streamed_exchanges("cached")
 counted_allgathers("streamed")
@@ -529,7 +500,6 @@ unstreamed(counted_alltoalls, "single copy")
 # the same with every output written by streaming stores (from SHM_STREAMING_STORE_BYTES)
 shm.streaming_bytes = 0
 streamed_broadcasts("streaming stores")
-direct_broadcasts("streaming stores")
 streamed_exchanges("streaming stores")
 unstreamed(counted_allgathers, "single copy, streaming stores")
 unstreamed(counted_alltoalls, "single copy, streaming stores")
