@@ -15,6 +15,7 @@ figure is the median over the trials. Run it several times (separate launches) a
 minimum and the median of the ratios.
 
 usage: fastring-run -np 2 python scripts/bench_shm.py [--sizes 4K,64K,1M,16M,64M,256M] [--json f]
+       [--collectives 1M,16M] [--only broadcast,...]
        python scripts/bench_shm.py --summarize run1.json run2.json ...   (a Markdown table of
        the minimum and the median of each figure over the launches, and the issue's target for
        each, met or missed at the minimum)
@@ -120,7 +121,11 @@ def grouped_row(comm) -> dict:
     return row
 
 
-def collective_rows(comm, sizes) -> list[dict]:
+COLLECTIVES = ("allgather", "reducescatter", "broadcast", "alltoall")  # collective_rows' rows, in order
+
+
+def collective_rows(comm, sizes, only=None) -> list[dict]:
+    """The other collectives' rows at each size (`only`: those named, else all four)."""
     n = comm.Get_size()
     rows = []
     for nbytes in sizes:
@@ -167,6 +172,8 @@ def collective_rows(comm, sizes) -> list[dict]:
              lambda: comm.Alltoall(a2a_in, a2a_out), floor_of(a2a_in.size)),
         )
         for what, ours, theirs, floor in cases:
+            if only and what not in only:
+                continue
             row = compare(ours, theirs, calls, trials, comm, floor=floor)
             row.update(what=what, bytes=nbytes, barrier=False)
             rows.append(row)
@@ -241,9 +248,15 @@ def main() -> None:
     parser.add_argument("--summarize", nargs="+", metavar="JSON", help="summarize earlier runs and exit")
     parser.add_argument("--sizes", default="4K,64K,1M,16M,64M,256M")
     parser.add_argument("--collectives", default="1M,16M", help="sizes for the other collectives ('' for none)")
+    parser.add_argument("--only", default="", help=f"of the other collectives, only these (comma-separated: "
+                        f"{','.join(COLLECTIVES)})")
     parser.add_argument("--no-floor", action="store_true")
     parser.add_argument("--json", help="also write the rows here (rank 0)")
     args = parser.parse_args()
+    only = [w for w in args.only.split(",") if w]
+    unknown = set(only) - set(COLLECTIVES)
+    if unknown:
+        parser.error(f"--only: unknown collectives {sorted(unknown)}")
     if args.summarize:
         summarize(args.summarize)
         return
@@ -253,7 +266,7 @@ def main() -> None:
     buffers = allreduce_buffers(sizes)
     rows = allreduce_rows(buffers, comm, False) + allreduce_rows(buffers, comm, True) + [grouped_row(comm)]
     del buffers
-    rows += collective_rows(comm, [parse_bytes(s) for s in args.collectives.split(",") if s])
+    rows += collective_rows(comm, [parse_bytes(s) for s in args.collectives.split(",") if s], only)
     if not args.no_floor:
         rows.append(floor_row(comm))
     report(comm, rows, args.json, line, f"{'what':<32} {'bytes':>8} {'barrier':>7} {'fastring us':>12} "
