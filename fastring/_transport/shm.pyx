@@ -57,7 +57,6 @@ call.
 
 from libc.stdint cimport int64_t, uint64_t, uintptr_t
 from libc.stdlib cimport free
-from libc.string cimport memcpy
 from posix.fcntl cimport O_CREAT, O_EXCL, O_RDWR
 from posix.mman cimport MAP_POPULATE, MAP_SHARED, PROT_READ, PROT_WRITE, mmap, munmap, shm_open, shm_unlink
 from posix.types cimport off_t, pid_t
@@ -1090,7 +1089,7 @@ cdef class SharedSegment:
                         if at + piece > <uint64_t> ring:  # ring space the readers must have left
                             self._await(STREAM_READ, at + piece - ring, -1, root,
                                         link.spin, link.interval, link.hook)
-                        memcpy(ring_base + at % ring, <char*> buf + (at - start), piece)
+                        fr_copy(ring_base + at % ring, <char*> buf + (at - start), piece)
                         self._publish(STREAM_SENT, at + piece)
                     else:
                         self._await(STREAM_SENT, at + piece, root, -1, link.spin, link.interval, link.hook)
@@ -1123,7 +1122,7 @@ cdef class SharedSegment:
                 self._await(STREAM_READ, p + piece - ring, -1, me, link.spin, link.interval, link.hook)
             wrote = True
             t = (r - me - 1 + n) % n if per_dest else 0
-            memcpy(mine + p % ring + t * w, <const char*> io[2 * r] + off, k)
+            fr_copy(mine + p % ring + t * w, <const char*> io[2 * r] + off, k)
         if wrote:
             self._publish(STREAM_SENT, p + piece)
             k = min(w, io[4 * n + 1] - off)
@@ -1214,7 +1213,7 @@ cdef class SharedSegment:
                     # write round k+2's before every rank has passed round k+1's barrier.
                     self._word(me)[1 + (round_ & 1)] = <uint64_t> rows
                     if staged and mine:
-                        memcpy(self._data(me, round_), <char*> src, min(self.tile, mine))
+                        fr_copy(self._data(me, round_), <char*> src, min(self.tile, mine))
                     self._data_arrive()
             except BaseException:
                 self._failed()
@@ -1292,7 +1291,7 @@ cdef class SharedSegment:
             self.data_rounds += 1
             piece = min(self.tile, counts[me] - lo)
             if piece > 0:
-                memcpy(self._data(me, round_), src + lo, piece)
+                fr_copy(self._data(me, round_), src + lo, piece)
             self._data_arrive()
             for r in range(n):
                 piece = min(self.tile, counts[r] - lo)
@@ -1325,7 +1324,7 @@ cdef class SharedSegment:
             with nogil:
                 if self._single_copy(total, self.single_copy_bytes):
                     if counts[me, me]:
-                        memcpy(<char*> dst + rdispls[me], <char*> src + sdispls[me], counts[me, me])
+                        fr_copy(<char*> dst + rdispls[me], <char*> src + sdispls[me], counts[me, me])
                     for r in range(n):
                         self._table(me)[1 + r] = src + sdispls[r]
                         self._table(me)[1 + n + r] = dst + rdispls[r]
@@ -1395,7 +1394,7 @@ cdef class SharedSegment:
                     for j in range(n):
                         (<int64_t*> buf)[j] = send_rows[j]
                         if staged and j != me and sd[j + 1] > sd[j]:
-                            memcpy(buf + head + j * first, <char*> src + sd[j], min(first, sd[j + 1] - sd[j]))
+                            fr_copy(buf + head + j * first, <char*> src + sd[j], min(first, sd[j + 1] - sd[j]))
                     self._data_arrive()
             received = np.empty(n, np.int64)
             got = received
@@ -1461,7 +1460,7 @@ cdef class SharedSegment:
                         const int64_t* rdispls, int64_t most, int64_t width) except -1 nogil:
         cdef int me = self.rank, n = self.size
         if counts[me * n + me]:
-            memcpy(dst + rdispls[me], src + sdispls[me], counts[me * n + me])
+            fr_copy(dst + rdispls[me], src + sdispls[me], counts[me * n + me])
         return self._alltoall_rounds(src, counts, sdispls, dst, rdispls, most, width, 0, False)
 
     cdef int _alltoall_rounds(self, char* src, const int64_t* counts, const int64_t* sdispls, char* dst,
@@ -1477,7 +1476,7 @@ cdef class SharedSegment:
             for j in range(n):
                 piece = min(width, counts[me * n + j] - lo)
                 if j != me and piece > 0:
-                    memcpy(self._data(me, round_) + j * width, src + sdispls[j] + lo, piece)
+                    fr_copy(self._data(me, round_) + j * width, src + sdispls[j] + lo, piece)
             self._data_arrive()
             for r in range(n):
                 piece = min(width, counts[r * n + me] - lo)
@@ -1524,7 +1523,7 @@ cdef class SharedSegment:
             for j in range(n):
                 piece = min(width, offsets[j + 1] - offsets[j] - lo)
                 if j != me and piece > 0:
-                    memcpy(self._data(me, round_) + j * width, src + offsets[j] + lo, piece)
+                    fr_copy(self._data(me, round_) + j * width, src + offsets[j] + lo, piece)
             self._data_arrive()
             piece = min(width, offsets[me + 1] - offsets[me] - lo)
             # In L1-sized pieces, each copied and then reduced into while still in cache.
@@ -1533,9 +1532,9 @@ cdef class SharedSegment:
                 k = min(sub, piece - off)
                 out = dst + lo + off
                 if me == 0:
-                    memcpy(out, src + offsets[me] + lo + off, k)
+                    fr_copy(out, src + offsets[me] + lo + off, k)
                 else:
-                    memcpy(out, self._data(0, round_) + me * width + off, k)
+                    fr_copy(out, self._data(0, round_) + me * width + off, k)
                 for r in range(1, n):
                     reduce(out, src + offsets[me] + lo + off if r == me
                            else self._data(r, round_) + me * width + off, k // itemsize)
@@ -1581,7 +1580,7 @@ cdef class SharedSegment:
         cdef uint64_t* other
         try:
             with nogil:
-                memcpy(self._cycle_slot(self.rank, round_), <char*> block,
+                fr_copy(self._cycle_slot(self.rank, round_), <char*> block,
                        block_bytes(words, <char*> block))
                 self._arrive(_CYCLE_SPIN, stall_seconds if hook != NULL else 0, hook)
                 # The payloads are reduced only where every rank proposed the same request:
@@ -1590,7 +1589,7 @@ cdef class SharedSegment:
                     other = <uint64_t*> self._cycle_slot(r, round_)
                     if other[HASH] != header[HASH] or other[PAYLOAD_BYTES] != header[PAYLOAD_BYTES]:
                         reduce = NULL
-                memcpy(<char*> block, self._cycle_slot(0, round_),
+                fr_copy(<char*> block, self._cycle_slot(0, round_),
                        block_bytes(words, self._cycle_slot(0, round_)))
                 for r in range(1, self.size):
                     combine_blocks(words, vector_words, reduce, itemsize,
