@@ -188,7 +188,6 @@ class Engine:
                     return None
                 name = name or self.auto_name("allreduce")
                 neg = self._neg
-                words = neg.words
                 small = _fits_cycle(arr.nbytes)
                 result = _pool.empty(arr.shape, arr.dtype) if out is None else out
                 if small:
@@ -199,15 +198,8 @@ class Engine:
                         h, reducer = neg.signature_hash(name, fields), neg.reducer(op, arr.dtype)
                         if ".noname." not in name and len(self._lone_calls) < LONE_CALLS_KEPT:
                             self._lone_calls[name] = (fields, h, reducer)
-                    outcome, clean = neg.lone_exchange(h, arr, result, reducer, name)
-                    if clean:  # is_clean(outcome, h), as the transport found it
-                        # `_settle`, whose flags this call found as it leaves them (under the
-                        # lock); the cache needs nothing when it holds these very fields
-                        if neg.cache.get(name, _NOT_CACHED)[1] is not fields:
-                            neg.remember(name, fields)
-                        self._completed += 1
-                    else:
-                        req = self._lone_outcome(False, outcome, words, h, name, request)
+                    req = self._lone_payload(name, fields, h, arr, result, reducer, request)
+                    clean = req is None
                 else:
                     req = self._speculate_lone(name, fields, request)
                     clean = req is None
@@ -271,13 +263,9 @@ class Engine:
                     req = self._speculate_lone(name, fields, request)
                 else:
                     neg = self._neg
-                    words, h = neg.words, neg.signature_hash(name, fields)
                     summed = np.empty(counts.shape, counts.dtype)
-                    outcome, clean = neg.lone_exchange(h, counts, summed, neg.reducer(ReduceOp.Sum, counts.dtype),
-                                                       name)
-                    if clean and neg.cache.get(name, _NOT_CACHED)[1] is not fields:
-                        neg.remember(name, fields)  # `_settle`, whose flags the call found as it leaves them
-                    req = self._lone_outcome(clean, outcome, words, h, name, request)
+                    req = self._lone_payload(name, fields, neg.signature_hash(name, fields), counts, summed,
+                                             neg.reducer(ReduceOp.Sum, counts.dtype), request)
             except BaseException as e:  # noqa: BLE001 - every waiter must hear of it
                 self._abandon(e)
                 raise
@@ -287,6 +275,19 @@ class Engine:
         finally:
             self._cycle_lock.release()
         return self._wait_queued(req)
+
+    def _lone_payload(self, name: str, fields: tuple, h: int, payload: np.ndarray, result: np.ndarray,
+                      reducer, request: Callable[[str], Request]) -> Request | None:
+        """A lean call's cycle carrying `payload` (`Negotiation.lone_exchange`: reduced over the
+        ranks into `result` by `reducer` where the outcome is clean), then `_lone_outcome`.
+        Clean, the cache learns (name, fields) unless it holds these very fields: `_settle`,
+        whose flags the call found as it leaves them (under the cycle lock)."""
+        neg = self._neg
+        words = neg.words
+        outcome, clean = neg.lone_exchange(h, payload, result, reducer, name)
+        if clean and neg.cache.get(name, _NOT_CACHED)[1] is not fields:
+            neg.remember(name, fields)
+        return self._lone_outcome(clean, outcome, words, h, name, request)
 
     def _lone_outcome(self, clean: bool, outcome: tuple, words: int, h: int, name: str,
                       request: Callable[[str], Request]) -> Request | None:
