@@ -43,10 +43,8 @@ except ImportError:  # pragma: no cover - cloudpickle is a dependency, pickle th
 # ----------------------------------------------------------------- shared pieces
 def _request(rt: Runtime, kind: str, name: str, fields: tuple, nbytes: int,
              execute: Callable[[Runtime], Any]) -> tuple[Engine, Request]:
-    """The Request of one collective named `name` (see validation.request_name)."""
-    engine = rt.engine
-    fields = (("collective", kind),) + fields
-    return engine, Request(kind, name, fields, nbytes, Handle(engine, name), execute=execute)
+    """The Request of one collective named `name` (see validation.request_name), and its engine."""
+    return rt.engine, _request_of(rt, kind, name, (("collective", kind),) + fields, nbytes, execute)
 
 
 def _rows_array(tensor, kind: str) -> tuple[np.ndarray, DtypeSpec]:
