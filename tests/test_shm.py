@@ -102,6 +102,44 @@ def test_path_times():
     assert len(p.times[(3 << 12, 16 << 20)][0]) == 2
 
 
+def test_timed_choice():
+    """algorithms.choice.TimedChoice: each way twice in turn, then the one with the lowest of
+    its last times, each timed once more at the end of every period; a way that turns slow
+    loses the choice once its last `kept` times are slow, one that turns fast wins it at its
+    next timing; sizes of another power of two learn on their own; a
+    period too short to time every way is refused. Its docstring example runs too."""
+    import pytest
+    from conftest import check_doctests
+    from fastring.algorithms import choice
+    check_doctests((choice,), more_than=1)
+    c = choice.TimedChoice(("a", "b"), period=6)
+    cost = {"a": 1.0, "b": 2.0}
+    ran = []
+    for _ in range(18):
+        way, timed = c.pick(1000)
+        ran.append(way + ("*" if timed else ""))
+        if timed:
+            c.record(1000, way, cost[way])
+    assert ran == ["a*", "a*", "b*", "b*", "a*", "b*"] + ["a"] * 4 + ["a*", "b*"] + ["a"] * 4 + ["a*", "b*"]
+    cost["a"] = 3.0  # a turns slow: once its last `kept` timings are all slow, b runs
+    ran = []
+    for _ in range(6 * (c.kept + 1)):
+        way, timed = c.pick(1000)
+        ran.append(way)
+        if timed:
+            c.record(1000, way, cost[way])
+    assert "b" not in [w for i, w in enumerate(ran[:-6]) if i % 6 < 4] and ran[-6:-2] == ["b"] * 4
+    cost["a"] = 0.5  # a turns fast: its next timing wins it back within a period
+    for _ in range(6):
+        way, timed = c.pick(1000)
+        if timed:
+            c.record(1000, way, cost[way])
+    assert c.pick(1000) == ("a", False)
+    assert c.pick(1 << 20) == ("a", True)  # another size starts afresh
+    with pytest.raises(ValueError, match="period of 1 calls cannot time 2 ways"):
+        choice.TimedChoice(("a", "b"), period=1)
+
+
 def test_exchanges_of_one_rank():
     """allgather_rows and alltoall_rows of a segment with one rank (in this process): no peer to
     stream to or from, so the rows come back as they were (the alltoall's slot per other rank

@@ -139,6 +139,16 @@ SHM_STREAM_EXCHANGE_LEAD_PIECES = 2
 # other is tried again every SHM_ALLREDUCE_RETRY_CALLS calls: at 16 and 64 MiB the slower path
 # took about twice the faster's time, so each retry costs 1/64 of a call on average.
 SHM_ALLREDUCE_RETRY_CALLS = 64
+# Where two ways of moving a one-host message are both correct and which is faster depends on
+# the machine (a broadcast streamed through the segment or copied between the processes:
+# fastring.algorithms.choice), each way is timed again once in every this many calls of a size;
+# a timed call costs one small allreduce more to agree on the time.
+PATH_TIMING_PERIOD_CALLS = 64
+# Allgathers and alltoalls on one host whose every rank knows the call's bytes (the lean path)
+# choose so between streaming and single copy from this many bytes of output in all up to
+# SHM_STREAM_EXCHANGE_MAX_BYTES; smaller ones stream: a copy between processes costs a
+# barrier and syscalls more.
+SHM_TIMED_CHOICE_MIN_BYTES = 64 * 1024
 # A wait on the segment spins on loads this long (a peer in step arrives within microseconds),
 # then yields its core between loads until its spin time (WAIT_*_SPIN_SECONDS below) is up: on
 # a loaded machine the peer may be queued behind this very core, and a round barrier that

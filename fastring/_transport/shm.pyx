@@ -192,6 +192,14 @@ DEF PIPE_REDUCED = 11
 DEF PIPE_DONE = 12
 DEF PIPE_SLOTS = 2      # slots (of a tile per part) per rank's buffer, used in turn
 
+# How allgather_rows and alltoall_rows move their bytes (`way`): by their size (streamed up to
+# stream_exchange_bytes, above by single copy or in rounds), or streamed, or by single copy
+# where the ranks may copy between their memories, as the caller chose alike on every rank
+DEF BY_SIZE = 0
+DEF STREAMED = 1
+DEF COPIED = 2
+EXCHANGE_BY_SIZE, EXCHANGE_STREAM, EXCHANGE_SINGLE_COPY = BY_SIZE, STREAMED, COPIED
+
 cdef double _CYCLE_SPIN = WAIT_CYCLE_SPIN_SECONDS
 cdef double _HOT_SPIN = SHM_HOT_SPIN_SECONDS
 cdef double _ACTIVE_SPIN = SHM_ACTIVE_SPIN_SECONDS
@@ -1182,7 +1190,7 @@ cdef class SharedSegment:
         return 0
 
     def allgather_rows(self, uintptr_t src, int64_t rows, int64_t row_bytes, object allocate,
-                       cnp.ndarray known=None):
+                       cnp.ndarray known=None, int way=BY_SIZE):
         """An allgather whose row counts travel with the data: rank r contributes `rows`
         rows of `row_bytes` bytes at `src` (C-contiguous), every rank learns every rank's
         count in the barrier of the first data round, calls `allocate(counts)` (an int64
@@ -1193,7 +1201,8 @@ cdef class SharedSegment:
         threshold in all, every rank has staged; from it on, the single-copy path runs and the
         staged bytes are not used. `known`: the counts, where every rank passes them alike
         (the engine's lean path learned them in its negotiation cycle): no first round, so
-        no barrier before the data moves."""
+        no barrier before the data moves. `way` (EXCHANGE_*, alike on every rank): streamed
+        or by single copy whatever the size, instead of by it."""
         self._check()
         cdef int n = self.size, me = self.rank, r
         cdef int64_t mine = rows * row_bytes
@@ -1242,7 +1251,7 @@ cdef class SharedSegment:
                 total += b[r]
                 all_staged = all_staged and self._stages(b[r])
             streaming = total >= self.streaming_bytes
-            if total <= self.stream_exchange_bytes:
+            if way == STREAMED or (way == BY_SIZE and total <= self.stream_exchange_bytes):
                 io = np.zeros(6 * n, np.int64)
                 io[0], io[1] = <int64_t> src, mine
                 for r in range(n):
@@ -1255,7 +1264,7 @@ cdef class SharedSegment:
             with nogil:
                 if mine and <char*> dst + d[me] != <char*> src:
                     self._copy_out(<char*> dst + d[me], <char*> src, mine, streaming)
-                if self._single_copy(total, self.single_copy_bytes):
+                if self._single_copy(total, 0 if way == COPIED else self.single_copy_bytes):
                     for r in range(n):
                         self._table(me)[1 + r] = src
                         self._table(me)[1 + n + r] = dst + d[r]
@@ -1346,7 +1355,7 @@ cdef class SharedSegment:
         return width
 
     def alltoall_rows(self, uintptr_t src, const int64_t[::1] send_rows, int64_t row_bytes, object allocate,
-                      const int64_t[:, ::1] known=None):
+                      const int64_t[:, ::1] known=None, int way=BY_SIZE):
         """An alltoall whose row counts travel with the data: this rank sends send_rows[j]
         consecutive rows of `row_bytes` bytes from `src` (C-contiguous) to rank j; every rank
         learns the whole matrix of row counts in the barrier of the first data round (each
@@ -1357,7 +1366,7 @@ cdef class SharedSegment:
         `allgather_rows`, on the bytes this rank sends to the others. `known`: the matrix of
         row counts (row r: rank r's send_rows), where every rank passes it alike (the engine's
         lean path learned it in its negotiation cycle): no first round, so no barrier before
-        the data moves."""
+        the data moves. `way`: as in `allgather_rows`."""
         self._check()
         cdef int n = self.size, me = self.rank, r, j
         if send_rows.shape[0] != n:
@@ -1422,7 +1431,7 @@ cdef class SharedSegment:
             for r in range(1, n):
                 rd[r] = rd[r - 1] + b[r - 1, me]
             streaming = rd[n - 1] + b[n - 1, me] >= self.streaming_bytes
-            if widest <= self.stream_exchange_bytes:
+            if way == STREAMED or (way == BY_SIZE and widest <= self.stream_exchange_bytes):
                 io = &ints[n + 3, 0]  # the last 6n words
                 for r in range(n):
                     io[2 * r], io[2 * r + 1] = <int64_t> src + sd[r], b[me, r]
@@ -1434,7 +1443,7 @@ cdef class SharedSegment:
             with nogil:
                 if b[me, me]:
                     self._copy_out(<char*> dst + rd[me], <char*> src + sd[me], b[me, me], streaming)
-                if self._single_copy(total, self.single_copy_bytes):
+                if self._single_copy(total, 0 if way == COPIED else self.single_copy_bytes):
                     for r in range(n):
                         self._table(me)[1 + r] = src + sd[r]
                         self._table(me)[1 + n + r] = dst + rd[r]

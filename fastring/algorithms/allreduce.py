@@ -16,10 +16,10 @@ import numpy as np
 from .. import kernels
 from .._core.config import (SMALL_MESSAGE_BYTES, WIRE_SEGMENT_ELEMENTS,
                             WIRE_SEGMENT_RETRY_CALLS, WIRE_STREAM_SEGMENT_ELEMENTS)
-from .._core.dtypes import spec_of
-from .._core.ops import KERNEL_OP, MPI_BOOL_OP, MPI_OP, ReduceOp
+from .._core.ops import KERNEL_OP, MPI_BOOL_OP, MPI_OP
 from .._transport import array_address, ring_reduce_scatter_to
 from .base import Message, Reduction, chunk_offsets, ring_segment
+from .choice import slowest
 
 
 class InCycle:
@@ -98,7 +98,7 @@ class CompressedRing:
                                              array_address(tmp), segment, *steps, acc.itemsize,
                                              mul, div, post)
         if chooser.learns(largest_chunk):
-            chooser.record(dst.nbytes, segment, _slowest(rt, time.perf_counter() - began))
+            chooser.record(dst.nbytes, segment, slowest(rt, time.perf_counter() - began))
 
 
 class MpiNative:
@@ -233,10 +233,3 @@ class SegmentChooser:
 
 # One chooser per runtime (fastring.init may run again after shutdown).
 _segment_choosers: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
-
-def _slowest(rt, seconds: float) -> float:
-    """The largest of every rank's `seconds`, the same on every rank."""
-    value = np.array([seconds])
-    RecursiveDoubling.run(rt, Reduction(value, spec_of(value.dtype), ReduceOp.Max))
-    return float(value[0])

@@ -23,7 +23,8 @@ SHM_REDUCESCATTER_MAX_BYTES); where the ranks may copy between their
 memories, allgather and alltoall at every size (up to SHM_STREAM_EXCHANGE_MAX_BYTES of output
 streamed through the ranks' rings in pieces, above it copied straight between the ranks'
 buffers: fastring/_transport/shm.pyx); broadcast streams through the root's ring up to
-SHM_STREAM_BROADCAST_MAX_BYTES (the single-copy broadcast above).
+SHM_STREAM_BROADCAST_MAX_BYTES, or takes the single-copy broadcast above where the calls of
+its size measured that faster (`SharedMemoryBroadcast`).
 """
 from __future__ import annotations
 
@@ -38,14 +39,17 @@ import numpy as np
 from .. import kernels
 from .._core import pool as _pool
 from .._core.config import (BROADCAST_CHAIN_BYTES, BROADCAST_SEGMENT_BYTES, BROADCAST_SINGLE_COPY_BYTES,
-                            SHM_COLLECTIVE_MAX_BYTES, SHM_REDUCESCATTER_MAX_BYTES, SHM_STREAM_BROADCAST_MAX_BYTES)
+                            SHM_COLLECTIVE_MAX_BYTES, SHM_REDUCESCATTER_MAX_BYTES, SHM_STREAM_BROADCAST_MAX_BYTES,
+                            SHM_STREAM_EXCHANGE_MAX_BYTES, SHM_TIMED_CHOICE_MIN_BYTES)
 from .._core.dtypes import spec_of
 from .._core.ops import KERNEL_OP, ReduceOp
 from .._core.work import AllreduceWork, finalizer, predivides, prescale, split_for_average, unpack
 from .._transport import (array_address, chain_broadcast, is_c_contiguous, pairwise_alltoall,
                           ring_reduce_scatter_into, single_copy_broadcast, tree_broadcast)
+from .._transport.shm import EXCHANGE_BY_SIZE, EXCHANGE_SINGLE_COPY, EXCHANGE_STREAM
 from . import hierarchical
 from .base import Message, chunk_offsets, ring_segment
+from .choice import choice_of
 
 log = logging.getLogger("fastring")
 
@@ -102,6 +106,21 @@ def allgather_rows(rt, src: np.ndarray, counts: np.ndarray, out: np.ndarray) -> 
         rt.transport.ring_allgather(array_address(out), offsets, own=own)
 
 
+_EXCHANGE_WAYS = {"stream": EXCHANGE_STREAM, "single copy": EXCHANGE_SINGLE_COPY}
+
+
+def _exchange(rt, collective: str, nbytes: int | None, call):
+    """`call(way)` of an allgather or alltoall through the segment (`way`: an EXCHANGE_*).
+    Where every rank knows the call's bytes alike (`nbytes`, the lean path's) and they may
+    stream or go by single copy, whichever the calls of that size measured faster
+    (`TimedChoice`: on an Intel Xeon single copy beat the stream at 1 and 16 MiB, the
+    stream was chosen for the AMD Zen 3 the sizes were set on; BENCHMARKS.md, "Round 2,
+    session 8"); otherwise by size."""
+    if nbytes is None or not SHM_TIMED_CHOICE_MIN_BYTES <= nbytes <= SHM_STREAM_EXCHANGE_MAX_BYTES:
+        return call(EXCHANGE_BY_SIZE)
+    return choice_of(rt, collective, tuple(_EXCHANGE_WAYS)).run(rt, nbytes, lambda way: call(_EXCHANGE_WAYS[way]))
+
+
 def allgather_concat(rt, arr: np.ndarray, counts: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Every rank's rows of `arr` concatenated in rank order, in a pooled buffer, and the
     rows that came from each rank. `counts`: those rows, where every rank already knows them
@@ -110,9 +129,11 @@ def allgather_concat(rt, arr: np.ndarray, counts: np.ndarray | None = None) -> t
     (`SharedSegment.allgather_rows`), and elsewhere they are gathered first."""
     if rt.size > 1 and rt.shm is not None and rt.transport.single_copy:
         src = arr if is_c_contiguous(arr) else np.ascontiguousarray(arr)
-        return rt.shm.allgather_rows(array_address(src), src.shape[0], row_bytes(src),
-                                     lambda counts: _pool.empty((int(counts.sum()),) + arr.shape[1:], arr.dtype),
-                                     counts)
+        unit = row_bytes(src)
+        return _exchange(rt, "allgather", None if counts is None else int(counts.sum()) * unit,
+                         lambda way: rt.shm.allgather_rows(
+                             array_address(src), src.shape[0], unit,
+                             lambda rows: _pool.empty((int(rows.sum()),) + arr.shape[1:], arr.dtype), counts, way))
     if counts is None:
         counts = gather_counts(rt, arr.shape[0])
     out = _pool.empty((int(counts.sum()),) + arr.shape[1:], arr.dtype)
@@ -151,11 +172,14 @@ class SharedMemoryBroadcast:
     """Every rank on one host with the shared segment mapped, up to
     SHM_STREAM_BROADCAST_MAX_BYTES: the root streams the bytes through its ring in the segment
     and the others copy each piece out as it lands (`SharedSegment.stream_broadcast`), no
-    barrier and no MPI message. From 1 to 16 MiB it took 0.5-0.9x the single-copy broadcast's
-    time in the same launches (that one exchanges addresses and a status over MPI, and copies
-    between processes at the kernel's speed); at 32 and 64 MiB the two tied."""
+    barrier and no MPI message; or, where the ranks may copy between their memories, the
+    single-copy broadcast (`SingleCopyBroadcast`), whichever the calls of that size measured
+    faster (`TimedChoice`): the stream was 1.1-2x faster on one machine (AMD Zen 3) and 1.7-2.5x
+    slower on another (an Intel Xeon), where a line that one core wrote costs more to read from
+    another (BENCHMARKS.md, "Round 2, session 8")."""
 
     name = "shm"
+    ways = ("stream", "single copy")
 
     @staticmethod
     def accepts(m: Message) -> bool:
@@ -163,7 +187,17 @@ class SharedMemoryBroadcast:
 
     @staticmethod
     def run(rt, buf: np.ndarray, root: int) -> None:
-        rt.shm.stream_broadcast(array_address(buf), buf.nbytes, root)
+        nbytes = buf.nbytes
+        if not SingleCopyBroadcast.accepts(Message("broadcast", nbytes, rt=rt)):
+            rt.shm.stream_broadcast(array_address(buf), nbytes, root)
+            return
+
+        def broadcast(way: str) -> None:
+            if way == "stream":
+                rt.shm.stream_broadcast(array_address(buf), nbytes, root)
+            else:
+                SingleCopyBroadcast.run(rt, buf, root)
+        choice_of(rt, "broadcast", SharedMemoryBroadcast.ways).run(rt, nbytes, broadcast)
 
 
 class SingleCopyBroadcast:
@@ -222,9 +256,11 @@ def alltoall_rows(rt, arr: np.ndarray, send_rows: np.ndarray,
     if rt.size > 1 and rt.shm is not None and rt.transport.single_copy:
         # unless known, the row counts travel in the data round's barrier (SharedSegment.alltoall_rows)
         src = arr if is_c_contiguous(arr) else np.ascontiguousarray(arr[:int(send_rows.sum())])
-        recv_rows, out = rt.shm.alltoall_rows(array_address(src), send_rows, unit_bytes,
-                                              lambda rows: _pool.empty((int(rows.sum()),) + arr.shape[1:], arr.dtype),
-                                              matrix)
+        recv_rows, out = _exchange(rt, "alltoall", None if matrix is None else int(matrix.sum()) * unit_bytes,
+                                   lambda way: rt.shm.alltoall_rows(
+                                       array_address(src), send_rows, unit_bytes,
+                                       lambda rows: _pool.empty((int(rows.sum()),) + arr.shape[1:], arr.dtype),
+                                       matrix, way))
         return out, recv_rows
     if matrix is None and rt.shm is not None:  # every rank learns every rank's row counts
         matrix = gather_counts(rt, send_rows)

@@ -28,6 +28,7 @@ import platform
 import signal
 import sys
 import threading
+import weakref
 
 import numpy as np
 
@@ -36,7 +37,7 @@ import fastring
 from fastring._core.config import (SHM_ONE_STEP_BYTES, SHM_PIECES_ROUND_BYTES, SHM_PIPELINE_TILE_BYTES,
                                    SHM_SINGLE_COPY_CHUNK_BYTES, SHM_STREAM_EXCHANGE_MAX_BYTES,
                                    SHM_STREAM_LARGE_PIECE_BYTES, SHM_STREAM_PIECE_BYTES, SHM_STREAMING_STORE_BYTES,
-                                   SHM_TILE_BYTES)
+                                   SHM_TILE_BYTES, SHM_TIMED_CHOICE_MIN_BYTES)
 from fastring._core.runtime import runtime
 from fastring._transport import CYCLE_HEADER_WORDS, SPECULATION_FAILED, array_address
 from fastring._transport.shm import copy_streaming
@@ -464,6 +465,44 @@ def lean_exchanges(tag):
                    ValueError, "known")
 
 
+def timed_choices(tag):
+    """The one-host broadcast, allgather and alltoall whose way (streamed or by single copy)
+    is the faster measured for their size (algorithms.choice.TimedChoice), with a period of 4
+    calls so that both ways run several times each: every call's result exact, checked after
+    all ran, from every root in turn and with uneven rows; both ways timed for each; and every
+    rank's record of the times the same (or the ranks would part ways)."""
+    from fastring.algorithms import choice
+    period = 4
+    ways = ("stream", "single copy")
+    for collective in ("broadcast", "allgather", "alltoall"):
+        choice._choices.setdefault(collective, weakref.WeakKeyDictionary())[rt] = choice.TimedChoice(ways, period)
+    nbytes = SHM_TIMED_CHOICE_MIN_BYTES + 4 * 999
+    results = []
+    for k in range(3 * period + 1):
+        root = k % N
+        expect = c.rank_input(np.dtype(np.int32), (nbytes // 4,), root, 200 + k)
+        buf = expect.copy() if R == root else np.zeros_like(expect)
+        fastring.broadcast(buf, root, name="timed bc", out=buf)
+        results.append((f"broadcast {k} from {root}", buf, expect))
+        parts = [c.rank_input(np.dtype(np.int64), (nbytes // 8 + 5 * r, 2), r, 300 + k) for r in range(N)]
+        results.append((f"allgather {k}", fastring.allgather(parts[R], name="timed ag"), np.concatenate(parts)))
+        to = lambda r, j: nbytes // 4 // N + 11 * j + 3 * r  # noqa: E731
+        inputs = [c.rank_input(np.dtype(np.int32), (sum(to(r, j) for j in range(N)),), r, 400 + k) for r in range(N)]
+        starts = [np.cumsum([0] + [to(r, j) for j in range(N)]) for r in range(N)]
+        got, _ = fastring.alltoall(inputs[R], splits=[to(R, j) for j in range(N)], name="timed a2a")
+        results.append((f"alltoall {k}", got,
+                        np.concatenate([inputs[r][starts[r][R]:starts[r][R + 1]] for r in range(N)])))
+    for what, got, expect in results:
+        c.check_close(f"{what} by timed choice {tag}", got, expect, 0)
+    for collective in ("broadcast", "allgather", "alltoall"):
+        learnt = choice._choices[collective][rt]._sizes
+        c.CHECKS.check(len(learnt) == 1 and all(len(t) >= 2 for t in next(iter(learnt.values()))[1:]),
+                       f"{collective}: both ways timed {tag}: {learnt}")
+        c.check_identical(f"{collective} choice's times {tag}",
+                          np.array([t for entry in learnt.values() for times in entry[1:] for t in times]))
+        del choice._choices[collective][rt]
+
+
 def unstreamed(check, tag):
     """`check(tag)` with the stream off: the single-copy and round paths of the same calls."""
     shm.stream_exchange_bytes = 0
@@ -553,6 +592,7 @@ streamed_broadcasts("cached")
 streaming_copies()
 streamed_exchanges("cached")
 lean_exchanges("cached")
+timed_choices("cached")
 through_requests(streamed_exchanges, "cached, requests")
 counted_allgathers("streamed")
 counted_alltoalls("streamed")

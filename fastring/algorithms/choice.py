@@ -1,0 +1,106 @@
+"""Choosing between ways of moving a message by their measured times, alike on every rank.
+
+Which of two correct ways is faster can depend on the machine, not only on the message: on one
+host, a copy between processes (Cross Memory Attach) against a copy through the shared
+segment's rings turned out 2.5x apart in one direction on one CPU and ahead the other way on
+another (BENCHMARKS.md, "Round 2, session 8"). So where it matters the ways are timed on the
+user's own calls and the faster one kept.
+"""
+from __future__ import annotations
+
+import time
+import weakref
+
+import numpy as np
+
+from .._core.config import PATH_TIMING_PERIOD_CALLS
+from .._core.dtypes import spec_of
+from .._core.ops import ReduceOp
+from .base import Reduction
+
+
+class TimedChoice:
+    """Which of `ways` runs a call of `nbytes` (messages are told apart by their power of two).
+
+    Each way first runs `tries` times in turn, timed; from then on the way with the lowest of
+    its last `kept` times runs, and each way is timed once more in the last calls of every
+    `period` calls: a way that became the faster wins at its next timing, one that became
+    the slower loses once its last `kept` times are all slow, and only a few calls pay for
+    timing. The times recorded must be the same on every
+    rank (`slowest`), so that every rank makes the same choices; `pick` says when a call is
+    to be timed, and only those calls pay for that agreement.
+
+    Example:
+        >>> c, seen = TimedChoice(("stream", "copy"), period=8), []
+        >>> for _ in range(16):
+        ...     way, timed = c.pick(1 << 20)
+        ...     seen.append(way[0] + ("*" if timed else ""))
+        ...     if timed:
+        ...         c.record(1 << 20, way, {"stream": 3e-4, "copy": 1e-4}[way])
+        >>> " ".join(seen)   # * timed: each twice, then the faster, each again every 8 calls
+        's* s* c* c* c c s* c* c c c c c c s* c*'
+    """
+
+    kept = 3  # times kept per way: the lowest of them counts, so one slow call does not flip it
+
+    def __init__(self, ways: tuple, period: int = PATH_TIMING_PERIOD_CALLS, tries: int = 2):
+        if period < len(ways) or tries < 1:
+            raise ValueError(f"a period of {period} calls cannot time {len(ways)} ways; tries must be at least 1")
+        self.ways, self.period, self.tries = tuple(ways), period, tries
+        self._sizes: dict[int, list] = {}  # power of two -> [calls, [times of each way]...]
+
+    def pick(self, nbytes: int) -> tuple:
+        """(the way to run, whether to time it and `record` the slowest rank's time)."""
+        calls, *times = entry = self._sizes.setdefault(int(nbytes).bit_length(), [0] + [[] for _ in self.ways])
+        entry[0] += 1
+        untried = [len(t) < self.tries for t in times]
+        if any(untried):
+            return self.ways[untried.index(True)], True
+        phase = calls % self.period - (self.period - len(self.ways))
+        if phase >= 0:
+            return self.ways[phase], True
+        return self.ways[min(range(len(times)), key=lambda i: min(times[i]))], False
+
+    def run(self, rt, nbytes: int, run_way):
+        """`run_way(way)` for the way `pick` chooses, timed where `pick` says so (the slowest
+        rank's time: a collective); returns what it returned."""
+        way, timed = self.pick(nbytes)
+        began = time.perf_counter()
+        result = run_way(way)
+        if timed:
+            self.record(nbytes, way, slowest(rt, time.perf_counter() - began))
+        return result
+
+    def record(self, nbytes: int, way, seconds: float) -> None:
+        times = self._sizes[int(nbytes).bit_length()][1 + self.ways.index(way)]
+        times.append(seconds)
+        del times[:-self.kept]
+
+
+def slowest(rt, seconds: float) -> float:
+    """The largest of every rank's `seconds`, the same on every rank (a collective).
+
+    Example:
+        >>> import fastring
+        >>> fastring.init()
+        >>> from fastring._core.runtime import runtime
+        >>> slowest(runtime(), 0.5)
+        0.5
+    """
+    from .allreduce import RecursiveDoubling  # allreduce's chooser uses this module's slowest
+    value = np.array([seconds])
+    RecursiveDoubling.run(rt, Reduction(value, spec_of(value.dtype), ReduceOp.Max))
+    return float(value[0])
+
+
+_choices: dict[str, weakref.WeakKeyDictionary] = {}  # per collective, one TimedChoice per runtime
+
+
+def choice_of(rt, collective: str, ways: tuple) -> TimedChoice:
+    """The runtime's TimedChoice for `collective` (fastring.init may run again after shutdown:
+    a new runtime learns afresh)."""
+    per_runtime = _choices.setdefault(collective, weakref.WeakKeyDictionary())
+    found = per_runtime.get(rt)
+    if found is None:
+        found = per_runtime[rt] = TimedChoice(ways)
+    return found
