@@ -26,9 +26,9 @@ class TimedChoice:
     its last `kept` times runs, and each way is timed once more in the last calls of every
     `period` calls: a way that became the faster wins at its next timing, one that became
     the slower loses once its last `kept` times are all slow, and only a few calls pay for
-    timing. The times recorded must be the same on every
-    rank (`slowest`), so that every rank makes the same choices; `pick` says when a call is
-    to be timed, and only those calls pay for that agreement.
+    timing. The times recorded must be the same on every rank (`slowest`), so that every
+    rank makes the same choices; `pick` says when a call is to be timed, and only those calls
+    pay for that agreement.
 
     Example:
         >>> c, seen = TimedChoice(("stream", "copy"), period=8), []
@@ -47,19 +47,21 @@ class TimedChoice:
         if period < len(ways) or tries < 1:
             raise ValueError(f"a period of {period} calls cannot time {len(ways)} ways; tries must be at least 1")
         self.ways, self.period, self.tries = tuple(ways), period, tries
-        self._sizes: dict[int, list] = {}  # power of two -> [calls, [times of each way]...]
+        self._timed_from = period - len(ways)  # the calls of a period from here on are timed
+        # power of two -> [calls, the faster way once each was tried, [times of each way]]
+        self._sizes: dict[int, list] = {}
 
     def pick(self, nbytes: int) -> tuple:
         """(the way to run, whether to time it and `record` the slowest rank's time)."""
-        calls, *times = entry = self._sizes.setdefault(int(nbytes).bit_length(), [0] + [[] for _ in self.ways])
-        entry[0] += 1
-        untried = [len(t) < self.tries for t in times]
-        if any(untried):
-            return self.ways[untried.index(True)], True
-        phase = calls % self.period - (self.period - len(self.ways))
-        if phase >= 0:
-            return self.ways[phase], True
-        return self.ways[min(range(len(times)), key=lambda i: min(times[i]))], False
+        entry = self._sizes.get(nbytes.bit_length())
+        if entry is None:
+            entry = self._sizes[nbytes.bit_length()] = [0, None, [[] for _ in self.ways]]
+        calls, faster = entry[0], entry[1]
+        entry[0] = calls + 1
+        if faster is None:
+            return next(w for w, t in zip(self.ways, entry[2]) if len(t) < self.tries), True
+        phase = calls % self.period - self._timed_from
+        return (self.ways[phase], True) if phase >= 0 else (faster, False)
 
     def run(self, rt, nbytes: int, run_way):
         """`run_way(way)` for the way `pick` chooses, timed where `pick` says so (the slowest
@@ -72,9 +74,12 @@ class TimedChoice:
         return result
 
     def record(self, nbytes: int, way, seconds: float) -> None:
-        times = self._sizes[int(nbytes).bit_length()][1 + self.ways.index(way)]
+        entry = self._sizes[nbytes.bit_length()]
+        times = entry[2][self.ways.index(way)]
         times.append(seconds)
         del times[:-self.kept]
+        if all(len(t) >= self.tries for t in entry[2]):
+            entry[1] = min(zip(self.ways, entry[2]), key=lambda way_times: min(way_times[1]))[0]
 
 
 def slowest(rt, seconds: float) -> float:

@@ -107,6 +107,7 @@ def allgather_rows(rt, src: np.ndarray, counts: np.ndarray, out: np.ndarray) -> 
 
 
 _EXCHANGE_WAYS = {"stream": EXCHANGE_STREAM, "single copy": EXCHANGE_SINGLE_COPY}
+_EXCHANGE_NAMES = tuple(_EXCHANGE_WAYS)
 
 
 def _exchange(rt, collective: str, nbytes: int | None, call):
@@ -118,7 +119,7 @@ def _exchange(rt, collective: str, nbytes: int | None, call):
     session 8"); otherwise by size."""
     if nbytes is None or not SHM_TIMED_CHOICE_MIN_BYTES <= nbytes <= SHM_STREAM_EXCHANGE_MAX_BYTES:
         return call(EXCHANGE_BY_SIZE)
-    return choice_of(rt, collective, tuple(_EXCHANGE_WAYS)).run(rt, nbytes, lambda way: call(_EXCHANGE_WAYS[way]))
+    return choice_of(rt, collective, _EXCHANGE_NAMES).run(rt, nbytes, lambda way: call(_EXCHANGE_WAYS[way]))
 
 
 def allgather_concat(rt, arr: np.ndarray, counts: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:

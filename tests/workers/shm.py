@@ -496,10 +496,10 @@ def timed_choices(tag):
         c.check_close(f"{what} by timed choice {tag}", got, expect, 0)
     for collective in ("broadcast", "allgather", "alltoall"):
         learnt = choice._choices[collective][rt]._sizes
-        c.CHECKS.check(len(learnt) == 1 and all(len(t) >= 2 for t in next(iter(learnt.values()))[1:]),
+        c.CHECKS.check(len(learnt) == 1 and all(len(t) >= 2 for t in next(iter(learnt.values()))[2]),
                        f"{collective}: both ways timed {tag}: {learnt}")
         c.check_identical(f"{collective} choice's times {tag}",
-                          np.array([t for entry in learnt.values() for times in entry[1:] for t in times]))
+                          np.array([t for entry in learnt.values() for times in entry[2] for t in times]))
         del choice._choices[collective][rt]
 
 
