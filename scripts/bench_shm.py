@@ -32,7 +32,7 @@ from mpi4py import MPI
 import fastring
 from fastring._transport import array_address
 from fastring._transport.shm import copy_streaming
-from fastring.tools.bench import format_bytes, parse_bytes
+from fastring.tools.bench import cpu_model, format_bytes, parse_bytes
 
 
 def timed(fn, calls: int, comm, barrier: bool) -> float:
@@ -211,6 +211,7 @@ def target_of(row: dict) -> float | None:
 
 def summarize(paths: list[str]) -> None:
     runs = [json.load(open(p)) for p in paths]
+    print(f"CPU: {', '.join(sorted({run[0].get('cpu', 'not recorded') for run in runs}))}\n")
     print(f"| figure | size | caller's barrier | min over {len(runs)} launches | median | every launch | target |")
     print("|---|---:|---|---:|---:|---|---|")
     floors = []
@@ -292,7 +293,10 @@ def report(comm, rows: list[dict], json_path: str | None, line, header: str | No
     if comm.Get_rank() != 0:
         return
     from fastring._core.runtime import runtime
-    print(f"# np={comm.Get_size()} shm={'on' if runtime().shm is not None else 'off'}")
+    cpu = cpu_model()
+    print(f"# np={comm.Get_size()} shm={'on' if runtime().shm is not None else 'off'} cpu={cpu}")
+    for r in rows:
+        r["cpu"] = cpu
     if header:
         print(header)
     for r in rows:

@@ -13,10 +13,10 @@ import weakref
 
 import numpy as np
 
+from .. import kernels
 from .._core.config import PATH_TIMING_PERIOD_CALLS
-from .._core.dtypes import spec_of
-from .._core.ops import ReduceOp
-from .base import Reduction
+from .._core.ops import KERNEL_OP, ReduceOp
+from .._transport import array_address
 
 
 class TimedChoice:
@@ -83,7 +83,8 @@ class TimedChoice:
 
 
 def slowest(rt, seconds: float) -> float:
-    """The largest of every rank's `seconds`, the same on every rank (a collective).
+    """The largest of every rank's `seconds`, the same on every rank (a collective: recursive
+    doubling over the transport).
 
     Example:
         >>> import fastring
@@ -92,9 +93,10 @@ def slowest(rt, seconds: float) -> float:
         >>> slowest(runtime(), 0.5)
         0.5
     """
-    from .allreduce import RecursiveDoubling  # allreduce's chooser uses this module's slowest
     value = np.array([seconds])
-    RecursiveDoubling.run(rt, Reduction(value, spec_of(value.dtype), ReduceOp.Max))
+    if rt.size > 1:
+        rt.transport.recursive_doubling(array_address(value), value.nbytes, array_address(rt.scratch(value.nbytes)),
+                                        kernels.reduce_cfunc(KERNEL_OP[ReduceOp.Max], value.dtype), value.itemsize)
     return float(value[0])
 
 

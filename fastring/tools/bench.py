@@ -604,7 +604,14 @@ def table_footer(rows: list[dict], check: bool) -> list[str]:
 
 # ---------------------------------------------------------------------------- metadata
 
-def _cpu_model() -> str:
+def cpu_model() -> str:
+    """The CPU's model name (/proc/cpuinfo), which the benchmarks record: this project's
+    figures moved with it (BENCHMARKS.md, "Round 2, session 8").
+
+    Example:
+        >>> isinstance(cpu_model(), str)
+        True
+    """
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
@@ -649,7 +656,7 @@ def run_metadata(args: argparse.Namespace, comm: MPI.Comm, argv: Sequence[str]) 
         "np": comm.Get_size(),
         "hosts": {h: hosts.count(h) for h in dict.fromkeys(hosts)},
         "host": {"hostname": socket.gethostname(), "platform": platform.platform(),
-                 "machine": platform.machine(), "cpu": _cpu_model(), "cpu_count": os.cpu_count(),
+                 "machine": platform.machine(), "cpu": cpu_model(), "cpu_count": os.cpu_count(),
                  "python": platform.python_version()},
         "versions": {"fastring": fastring.__version__, "numpy": np.__version__,
                      "numba": numba.__version__, "mpi4py": sys.modules["mpi4py"].__version__,

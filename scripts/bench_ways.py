@@ -1,0 +1,76 @@
+"""Each way a one-host broadcast, allgather and alltoall can take, forced, against MPI in the
+same launch: streamed through the segment, by single copy with each rank reading what it
+receives, by single copy with the chunks claimed by whichever rank is free (allgather and
+alltoall), and MPI_Bcast / MPI_Allgather / MPI_Alltoall; np=2, float32, trials alternating,
+median µs per call. What `algorithms.choice.TimedChoice` chooses between on the user's calls
+(BENCHMARKS.md, "Round 2, session 8").
+
+usage: fastring-run -np 2 python scripts/bench_ways.py [--sizes 1M,16M]
+"""
+from __future__ import annotations
+
+import argparse
+
+import numpy as np
+from mpi4py import MPI
+
+import fastring
+from fastring._core.runtime import runtime
+from fastring.algorithms import choice
+from fastring.tools.bench import cpu_model, format_bytes, parse_bytes
+
+from bench_shm import calls_for, timed
+
+
+def forced(way: str | None):
+    """Make every TimedChoice run `way` untimed (None: choose as usual)."""
+    choice.TimedChoice.pick = _pick if way is None else (lambda self, nbytes: (way, False))
+
+
+_pick = choice.TimedChoice.pick
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sizes", default="1M,16M")
+    args = parser.parse_args()
+    fastring.init()
+    comm, shm = MPI.COMM_WORLD, runtime().shm
+    if shm is None:
+        raise SystemExit("the shared segment is off: run every rank on one host")
+    n, claiming = comm.Get_size(), shm.claiming
+    ways = {"stream": ("stream", claiming), "single copy, read": ("single copy", False),
+            "single copy, claimed": ("single copy", True)}
+    if comm.Get_rank() == 0:
+        print(f"# np={n} cpu={cpu_model()}; median us per call")
+    for nbytes in [parse_bytes(s) for s in args.sizes.split(",") if s]:
+        count = nbytes // 4
+        x, gathered = np.ones(count, np.float32), np.empty(count * n, np.float32)
+        a2a_in = np.ones(count - count % n, np.float32)
+        a2a_out = np.empty_like(a2a_in)
+        b, b_mpi = np.ones(count, np.float32), np.ones(count, np.float32)
+        cases = {
+            "broadcast": (lambda: fastring.broadcast(b, 0, name="bc", out=b), lambda: comm.Bcast(b_mpi, 0)),
+            "allgather": (lambda: fastring.allgather(x, name="ag"), lambda: comm.Allgather(x, gathered)),
+            "alltoall": (lambda: fastring.alltoall(a2a_in, name="a2a"), lambda: comm.Alltoall(a2a_in, a2a_out)),
+        }
+        calls, trials = calls_for(nbytes)
+        for what, (ours, theirs) in cases.items():
+            runs = {name: way for name, way in ways.items() if what != "broadcast" or name != "single copy, claimed"}
+            times: dict[str, list] = {name: [] for name in [*runs, "MPI"]}
+            for _ in range(trials):
+                for name, (way, claim) in runs.items():
+                    forced(way)
+                    shm.claiming = claim
+                    ours()  # the first call of a way after another pays for the switch
+                    times[name].append(timed(ours, calls, comm, False))
+                forced(None)
+                shm.claiming = claiming
+                times["MPI"].append(timed(theirs, calls, comm, False))
+            if comm.Get_rank() == 0:
+                print(f"{what:<10} {format_bytes(nbytes):>8}  " + "  ".join(
+                    f"{name} {float(np.median(t)) * 1e6:.1f}" for name, t in times.items()), flush=True)
+
+
+if __name__ == "__main__":
+    main()
