@@ -58,15 +58,19 @@ def main() -> None:
         for what, (ours, theirs) in cases.items():
             runs = {name: way for name, way in ways.items() if what != "broadcast" or name != "single copy, claimed"}
             times: dict[str, list] = {name: [] for name in [*runs, "MPI"]}
-            for _ in range(trials):
-                for name, (way, claim) in runs.items():
+            order = list(times)
+            for trial in range(-(-trials // len(order)) * len(order)):  # each order alike often
+                # each trial in another order: what runs right after another way's traffic
+                # ran measurably slower, whichever it was
+                for name in order[trial % len(order):] + order[:trial % len(order)]:
+                    way, claim = runs.get(name, (None, claiming))
                     forced(way)
                     shm.claiming = claim
-                    ours()  # the first call of a way after another pays for the switch
-                    times[name].append(timed(ours, calls, comm, False))
+                    fn = theirs if name == "MPI" else ours
+                    fn()
+                    times[name].append(timed(fn, calls, comm, False))
                 forced(None)
                 shm.claiming = claiming
-                times["MPI"].append(timed(theirs, calls, comm, False))
             if comm.Get_rank() == 0:
                 print(f"{what:<10} {format_bytes(nbytes):>8}  " + "  ".join(
                     f"{name} {float(np.median(t)) * 1e6:.1f}" for name, t in times.items()), flush=True)
