@@ -10,9 +10,9 @@ faster than MPI):
   * the 256 MiB allreduce's bus bandwidth as a percentage of the copy-once floor: every rank
     copies its 256 MiB buffer once, all at the same time (np.copyto).
 
-Trials of fastring and MPI alternate, so that both see the same state of the machine; each
-figure is the median over the trials. Run it several times (separate launches) and quote the
-minimum and the median of the ratios.
+Trials of fastring and MPI alternate, each trial starting at another of them, so that both
+see the same state of the machine; each figure is the median over the trials. Run it several
+times (separate launches) and quote the minimum and the median of the ratios.
 
 usage: fastring-run -np 2 python scripts/bench_shm.py [--sizes 4K,64K,1M,16M,64M,256M] [--json f]
        [--collectives 1M,16M] [--only broadcast,...]
@@ -64,9 +64,11 @@ def compare(ours, theirs, calls: int, trials: int, comm, barrier: bool = False, 
     times = [[] for _ in fns]
     for fn in fns:  # warm up: first-touch page faults, kernels compiled, caches filled
         fn()
-    for _ in range(trials):
-        for fn, got in zip(fns, times):
-            got.append(timed(fn, calls, comm, barrier))
+    for trial in range(trials):
+        # each trial starts at another function: what runs right after another's traffic
+        # measured slower, whichever it was (BENCHMARKS.md, "Round 2, session 8")
+        for i in [*range(trial % len(fns), len(fns)), *range(trial % len(fns))]:
+            times[i].append(timed(fns[i], calls, comm, barrier))
     f, m = float(np.median(times[0])), float(np.median(times[1]))
     row = {"fastring_us": f * 1e6, "mpi_us": m * 1e6, "ratio": m / f}
     if floor:

@@ -1,8 +1,6 @@
 """Each way a one-host broadcast, allgather and alltoall can take, forced, against MPI in the
-same launch: streamed through the segment, by single copy with each rank reading what it
-receives, by single copy with the chunks claimed by whichever rank is free (allgather and
-alltoall), and MPI_Bcast / MPI_Allgather / MPI_Alltoall; np=2, float32, trials alternating,
-median µs per call. What `algorithms.choice.TimedChoice` chooses between on the user's calls
+same launch: streamed through the segment, by single copy, and MPI_Bcast / MPI_Allgather /
+MPI_Alltoall; np=2, float32, trials alternating, median µs per call. What `algorithms.choice.TimedChoice` chooses between on the user's calls
 (BENCHMARKS.md, "Round 2, session 8").
 
 usage: fastring-run -np 2 python scripts/bench_ways.py [--sizes 1M,16M]
@@ -35,12 +33,11 @@ def main() -> None:
     parser.add_argument("--sizes", default="1M,16M")
     args = parser.parse_args()
     fastring.init()
-    comm, shm = MPI.COMM_WORLD, runtime().shm
-    if shm is None:
+    comm = MPI.COMM_WORLD
+    if runtime().shm is None:
         raise SystemExit("the shared segment is off: run every rank on one host")
-    n, claiming = comm.Get_size(), shm.claiming
-    ways = {"stream": ("stream", claiming), "single copy, read": ("single copy", False),
-            "single copy, claimed": ("single copy", True)}
+    n = comm.Get_size()
+    ways = ("stream", "single copy")
     if comm.Get_rank() == 0:
         print(f"# np={n} cpu={cpu_model()}; median us per call")
     for nbytes in [parse_bytes(s) for s in args.sizes.split(",") if s]:
@@ -56,21 +53,17 @@ def main() -> None:
         }
         calls, trials = calls_for(nbytes)
         for what, (ours, theirs) in cases.items():
-            runs = {name: way for name, way in ways.items() if what != "broadcast" or name != "single copy, claimed"}
-            times: dict[str, list] = {name: [] for name in [*runs, "MPI"]}
+            times: dict[str, list] = {name: [] for name in [*ways, "MPI"]}
             order = list(times)
             for trial in range(-(-trials // len(order)) * len(order)):  # each order alike often
                 # each trial in another order: what runs right after another way's traffic
                 # ran measurably slower, whichever it was
                 for name in order[trial % len(order):] + order[:trial % len(order)]:
-                    way, claim = runs.get(name, (None, claiming))
-                    forced(way)
-                    shm.claiming = claim
+                    forced(None if name == "MPI" else name)
                     fn = theirs if name == "MPI" else ours
                     fn()
                     times[name].append(timed(fn, calls, comm, False))
                 forced(None)
-                shm.claiming = claiming
             if comm.Get_rank() == 0:
                 print(f"{what:<10} {format_bytes(nbytes):>8}  " + "  ".join(
                     f"{name} {float(np.median(t)) * 1e6:.1f}" for name, t in times.items()), flush=True)

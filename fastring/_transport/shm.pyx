@@ -29,9 +29,7 @@ whoever claims a chunk reads it from the ranks that hold it and writes it (or, f
 reduction, its reduction over every rank in rank order) into the ranks that need it, one
 copy each way. A second barrier ends the call, when no rank touches another's memory any
 more. Two barriers a call, however large: a rank that is preempted holds back at most the
-chunk it was working on, and the others take the rest of the work. Allgathers and alltoalls,
-which only move bytes, claim so only where more ranks than cores share the host; otherwise
-each rank reads what it receives (`claiming`).
+chunk it was working on, and the others take the rest of the work.
 
 Broadcasts stream instead (`stream_broadcast`): the root copies its bytes
 into its ring piece by piece and publishes after each how far it got, and every other rank
@@ -358,12 +356,6 @@ cdef class SharedSegment:
     # unless more ranks than cores share the host, where every one of its many waits per call
     # may wait for a rank that is not running (8 MiB at np=3 on 2 cores: 50 ms, median).
     cdef public bint pipelined
-    # Whether the chunks of a single-copy call's moves go to whichever rank claims them, rather
-    # than each rank reading what it receives: where more ranks than cores share the host, a
-    # rank that is not running then holds back only the chunk it was copying. Otherwise
-    # reading was faster: 16 MiB alltoall 1464 against 1956 us, allgather 2970 against 3574
-    # (np=2, an Intel Xeon; BENCHMARKS.md, "Round 2, session 8").
-    cdef public bint claiming
     # Two chunks of private memory, each with a page to spare: an accumulator and a landing
     # place, each used from the page offset of the peer's memory it is copied from or to, as a
     # copy between processes (process_vm_readv/writev) runs as `rep movsb` too (fr_copy)
@@ -446,10 +438,10 @@ cdef class SharedSegment:
             why = s._map(name.encode(), False)
         elif not name and why is None:
             why = "rank 0 could not create the segment"
-        # the paths that depend on the cores must be the same on every rank
+        # the path that depends on the cores must be the same on every rank, whatever each
+        # rank's own affinity mask says
         reasons, crowded = zip(*comm.allgather((why, s.oversubscribed)))
         s.pipelined = not any(crowded)
-        s.claiming = any(crowded)
         if me == 0 and name:
             shm_unlink(name.encode())  # every rank has mapped it (or given up): the name goes now
         failed = [(r, w) for r, w in enumerate(reasons) if w is not None]
@@ -707,32 +699,19 @@ cdef class SharedSegment:
     cdef int _single_copy_moves(self, const int64_t* lengths, bint per_source) except -1 nogil:
         """Every rank j's bytes for every other rank k, lengths[j * n + k] of them (or
         lengths[j] for every k when `per_source`), from j's SEND[k] to k's RECV[j], which
-        every rank has published. Each rank reads what it receives from each other rank in
-        turn; where ranks outnumber the cores (`claiming`), whoever claims a chunk copies it
-        instead: from its own memory into k's, from j's into its own, or (neither j nor k)
-        through its scratch."""
-        cdef int n = self.size, me = self.rank, j, k, step, err = 0
+        every rank has published. Whoever claims a chunk copies it: from its own memory into
+        k's, from j's into its own, or (neither j nor k) through its scratch."""
+        cdef int n = self.size, me = self.rank, j, k, err = 0
         cdef const pid_t* pids = self.transport.pids
         cdef int64_t per = self.chunk, at, piece, length
         cdef uint64_t first, end, c, total = 0, pair_first
         cdef uint64_t source, target
         cdef int64_t p = 0
-        self._data_arrive()
-        if not self.claiming:
-            for step in range(1, n):
-                j = (me + n - step) % n  # no two ranks read from the same one at a time
-                length = lengths[j if per_source else j * n + me]
-                at = 0
-                while at < length and not err:
-                    piece = min(per, length - at)
-                    err = vm_copy(False, pids[j], <char*> self._table(me)[1 + n + j] + at,
-                                  self._table(j)[1 + me] + at, piece)
-                    at += piece
-            return self._finish(err)
         for p in range(n * n):
             j, k = p // n, p % n
             if j != k:
                 total += (lengths[j if per_source else p] + per - 1) // per
+        self._data_arrive()
         first = self._chunks(total)
         end = self.claimed
         p, pair_first = 0, first

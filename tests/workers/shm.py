@@ -600,13 +600,6 @@ through_requests(counted_allgathers, "streamed, requests")
 through_requests(counted_alltoalls, "streamed, requests")
 unstreamed(counted_allgathers, "single copy")
 unstreamed(counted_alltoalls, "single copy")
-# the other way of sharing a single copy's moves (each rank reading what it receives, or
-# whoever claims a chunk copying it: the cores decide which at attach, alike on every rank)
-c.CHECKS.check(shm.claiming == (N > len(os.sched_getaffinity(0))), f"claiming {shm.claiming} on {N} ranks")
-shm.claiming = not shm.claiming
-unstreamed(counted_allgathers, "single copy, chunks shared the other way")
-unstreamed(counted_alltoalls, "single copy, chunks shared the other way")
-shm.claiming = not shm.claiming
 # the same with every output written by streaming stores (from SHM_STREAMING_STORE_BYTES)
 shm.streaming_bytes = 0
 streamed_broadcasts("streaming stores")
