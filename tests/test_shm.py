@@ -29,6 +29,13 @@ def test_everything_through_the_segment(n):
     assert segments_of(proc.stdout) == []
 
 
+def test_ranks_agree_on_the_cores():
+    """One rank pinned to one core while the other may use two: every rank runs the large
+    allreduce's rounds, not some of them the pipeline (tests/workers/shm_affinity.py)."""
+    proc = run_ranks(2, "shm_affinity")
+    assert "OK shm affinity on 2 ranks" in proc.stdout
+
+
 def test_nothing_left_after_a_failed_rank():
     for case in ("raise", "kill"):
         proc = run_ranks(2, "shm", case, expect_rc=None)
