@@ -50,6 +50,9 @@ class Runtime:
             # namespaces of one machine) it would, and would skip the network
             self.transport.enable_single_copy()
         self.shm = self._attach_shm(config, attach_shm) if self.size > 1 else None
+        # per collective, which of its ways the calls measured faster (algorithms.choice); a
+        # new runtime learns afresh
+        self.choices: dict = {}
         # the ranks of one host level share its memory (simulated hosts' namespaces too)
         self.host_shm = None if self.hierarchy is None else self._attach_shm(config, attach_shm,
                                                                              self.hierarchy[0][0])

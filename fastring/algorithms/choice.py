@@ -9,7 +9,6 @@ user's own calls and the faster one kept.
 from __future__ import annotations
 
 import time
-import weakref
 
 import numpy as np
 
@@ -100,14 +99,18 @@ def slowest(rt, seconds: float) -> float:
     return float(value[0])
 
 
-_choices: dict[str, weakref.WeakKeyDictionary] = {}  # per collective, one TimedChoice per runtime
-
-
 def choice_of(rt, collective: str, ways: tuple) -> TimedChoice:
-    """The runtime's TimedChoice for `collective` (fastring.init may run again after shutdown:
-    a new runtime learns afresh)."""
-    per_runtime = _choices.setdefault(collective, weakref.WeakKeyDictionary())
-    found = per_runtime.get(rt)
+    """The runtime's TimedChoice for `collective` (`rt.choices`: fastring.init may run again
+    after shutdown, and a new runtime learns afresh).
+
+    Example:
+        >>> import fastring
+        >>> fastring.init()
+        >>> from fastring._core.runtime import runtime
+        >>> choice_of(runtime(), "broadcast", ("stream", "copy")) is runtime().choices["broadcast"]
+        True
+    """
+    found = rt.choices.get(collective)
     if found is None:
-        found = per_runtime[rt] = TimedChoice(ways)
+        found = rt.choices[collective] = TimedChoice(ways)
     return found

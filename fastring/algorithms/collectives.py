@@ -189,7 +189,7 @@ class SharedMemoryBroadcast:
     @staticmethod
     def run(rt, buf: np.ndarray, root: int) -> None:
         nbytes = buf.nbytes
-        if not SingleCopyBroadcast.accepts(Message("broadcast", nbytes, rt=rt)):
+        if not SingleCopyBroadcast.fits(rt, nbytes):
             rt.shm.stream_broadcast(array_address(buf), nbytes, root)
             return
 
@@ -209,7 +209,11 @@ class SingleCopyBroadcast:
 
     @staticmethod
     def accepts(m: Message) -> bool:
-        return m.rt.transport.single_copy and m.nbytes >= BROADCAST_SINGLE_COPY_BYTES
+        return SingleCopyBroadcast.fits(m.rt, m.nbytes)
+
+    @staticmethod
+    def fits(rt, nbytes: int) -> bool:
+        return rt.transport.single_copy and nbytes >= BROADCAST_SINGLE_COPY_BYTES
 
     @staticmethod
     def run(rt, buf: np.ndarray, root: int) -> None:

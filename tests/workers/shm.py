@@ -28,7 +28,6 @@ import platform
 import signal
 import sys
 import threading
-import weakref
 
 import numpy as np
 
@@ -475,7 +474,7 @@ def timed_choices(tag):
     period = 4
     ways = ("stream", "single copy")
     for collective in ("broadcast", "allgather", "alltoall"):
-        choice._choices.setdefault(collective, weakref.WeakKeyDictionary())[rt] = choice.TimedChoice(ways, period)
+        rt.choices[collective] = choice.TimedChoice(ways, period)
     nbytes = SHM_TIMED_CHOICE_MIN_BYTES + 4 * 999
     results = []
     for k in range(3 * period + 1):
@@ -495,12 +494,12 @@ def timed_choices(tag):
     for what, got, expect in results:
         c.check_close(f"{what} by timed choice {tag}", got, expect, 0)
     for collective in ("broadcast", "allgather", "alltoall"):
-        learnt = choice._choices[collective][rt]._sizes
+        learnt = rt.choices[collective]._sizes
         c.CHECKS.check(len(learnt) == 1 and all(len(t) >= 2 for t in next(iter(learnt.values()))[2]),
                        f"{collective}: both ways timed {tag}: {learnt}")
         c.check_identical(f"{collective} choice's times {tag}",
                           np.array([t for entry in learnt.values() for times in entry[2] for t in times]))
-        del choice._choices[collective][rt]
+        del rt.choices[collective]
 
 
 def unstreamed(check, tag):
