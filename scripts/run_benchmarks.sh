@@ -22,4 +22,9 @@ fastring-run -np 2 python scripts/bench_compression.py > "$out/compression.txt" 
 fastring-run -np 2 python scripts/bench_ddp.py > "$out/ddp.txt" 2>&1
 fastring-run -np 2 python scripts/bench_ddp.py --model embedding --reuse-memory --batch-size 4 --steps 10 \
     --rounds 3 --warmup 3 --floors > "$out/ddp_embedding.txt" 2>&1
+for i in 1 2 3 4 5; do  # issue 18's figures: the minimum over five launches
+    fastring-run -np 2 python scripts/bench_shm.py --json "$out/shm$i.json" > "$out/shm$i.txt" 2>&1
+done
+python scripts/bench_shm.py --summarize "$out"/shm?.json > "$out/shm.md"
+fastring-run -np 2 python scripts/bench_ways.py > "$out/ways.txt" 2>&1
 date -u > "$out/end.txt"

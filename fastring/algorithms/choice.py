@@ -1,9 +1,9 @@
 """Choosing between ways of moving a message by their measured times, alike on every rank.
 
 Which of two correct ways is faster can depend on the machine, not only on the message: on one
-host, a copy between processes (Cross Memory Attach) against a copy through the shared
-segment's rings turned out 2.5x apart in one direction on one CPU and ahead the other way on
-another (BENCHMARKS.md, "Round 2, session 8"). So where it matters the ways are timed on the
+host, a broadcast copied between processes (Cross Memory Attach) took up to 2x the time of
+one streamed through the shared segment's rings on one CPU, and 0.35-0.6x on another
+(BENCHMARKS.md, "Round 2, session 8"). So where it matters the ways are timed on the
 user's own calls and the faster one kept.
 """
 from __future__ import annotations

@@ -175,9 +175,8 @@ class SharedMemoryBroadcast:
     and the others copy each piece out as it lands (`SharedSegment.stream_broadcast`), no
     barrier and no MPI message; or, where the ranks may copy between their memories, the
     single-copy broadcast (`SingleCopyBroadcast`), whichever the calls of that size measured
-    faster (`TimedChoice`): the stream was 1.1-2x faster on one machine (AMD Zen 3) and 1.7-2.5x
-    slower on another (an Intel Xeon), where a line that one core wrote costs more to read from
-    another (BENCHMARKS.md, "Round 2, session 8")."""
+    faster (`TimedChoice`): the stream was up to 2x faster on one machine (AMD Zen 3) and
+    1.7-2.7x slower on another (an Intel Xeon; BENCHMARKS.md, "Round 2, session 8")."""
 
     name = "shm"
     ways = ("stream", "single copy")
