@@ -305,3 +305,26 @@ def test_asv_benchmarks_run(monkeypatch):
 def test_asv_check():
     proc = run([os.path.join(BIN, "asv"), "check", "--python=same"], cwd=ASV_DIR, timeout=120)
     assert "No problems found" in proc.stdout
+
+
+def test_one_host_scripts(tmp_path):
+    """scripts/bench_shm.py (issue 18's figures) and scripts/bench_ways.py on 2 ranks at small
+    sizes: every row, in order, with a ratio and the CPU's model, the summary of two launches,
+    and each way of each collective against MPI."""
+    from conftest import run_script
+    rows_json = tmp_path / "shm.json"
+    run_script(ROOT / "scripts" / "bench_shm.py", "--sizes", "4K", "--collectives", "64K", "--no-floor",
+               "--json", rows_json)
+    rows = json.loads(rows_json.read_text())
+    others = ["allgather", "reducescatter", "broadcast", "alltoall"]
+    assert [(r["what"], r["bytes"], r["barrier"]) for r in rows] == (
+        [("allreduce", 4096, False), ("allreduce", 4096, True), ("grouped_allreduce 100 x 40 KB", 4_000_000, False)]
+        + [(what, 65536, False) for what in others])
+    assert all(r["ratio"] > 0 and r["cpu"] == bench.cpu_model() for r in rows)
+    summary = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_shm.py"), "--summarize",
+                              str(rows_json), str(rows_json)], capture_output=True, text=True, check=True).stdout
+    assert f"CPU: {bench.cpu_model()}" in summary and "| allreduce | 4 KiB | no |" in summary
+    ways = run_script(ROOT / "scripts" / "bench_ways.py", "--sizes", "64K").stdout.splitlines()
+    assert [line.split()[0] for line in ways if not line.startswith("#")] == ["broadcast", "allgather", "alltoall"]
+    assert all(" stream " in line and " single copy " in line and " MPI " in line
+               for line in ways if not line.startswith("#"))
