@@ -1,7 +1,8 @@
 """Each way a one-host broadcast, allgather and alltoall can take, forced, against MPI in the
 same launch: streamed through the segment, by single copy, and MPI_Bcast / MPI_Allgather /
-MPI_Alltoall; np=2, float32, trials alternating, median µs per call. What `algorithms.choice.TimedChoice` chooses between on the user's calls
-(BENCHMARKS.md, "Round 2, session 8").
+MPI_Alltoall; np=2, float32, trials alternating, median µs per call. What
+`algorithms.choice.TimedChoice` chooses between on the user's calls (BENCHMARKS.md, "Round 2,
+session 8").
 
 usage: fastring-run -np 2 python scripts/bench_ways.py [--sizes 1M,16M]
 """

@@ -324,7 +324,7 @@ def test_one_host_scripts(tmp_path):
     summary = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_shm.py"), "--summarize",
                               str(rows_json), str(rows_json)], capture_output=True, text=True, check=True).stdout
     assert f"CPU: {bench.cpu_model()}" in summary and "| allreduce | 4 KiB | no |" in summary
-    ways = run_script(ROOT / "scripts" / "bench_ways.py", "--sizes", "64K").stdout.splitlines()
-    assert [line.split()[0] for line in ways if not line.startswith("#")] == ["broadcast", "allgather", "alltoall"]
-    assert all(" stream " in line and " single copy " in line and " MPI " in line
-               for line in ways if not line.startswith("#"))
+    ways = [line for line in run_script(ROOT / "scripts" / "bench_ways.py", "--sizes", "64K").stdout.splitlines()
+            if not line.startswith("#")]
+    assert [line.split()[0] for line in ways] == ["broadcast", "allgather", "alltoall"]
+    assert all(" stream " in line and " single copy " in line and " MPI " in line for line in ways)

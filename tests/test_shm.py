@@ -113,8 +113,8 @@ def test_timed_choice():
     """algorithms.choice.TimedChoice: each way twice in turn, then the one with the lowest of
     its last times, each timed once more at the end of every period; a way that turns slow
     loses the choice once its last `kept` times are slow, one that turns fast wins it at its
-    next timing; sizes of another power of two learn on their own; a
-    period too short to time every way is refused. Its docstring example runs too."""
+    next timing; sizes of another power of two learn on their own; a period too short to time
+    every way is refused. Its docstring example runs too."""
     import pytest
     from conftest import check_doctests
     from fastring.algorithms import choice

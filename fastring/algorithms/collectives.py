@@ -187,17 +187,15 @@ class SharedMemoryBroadcast:
 
     @staticmethod
     def run(rt, buf: np.ndarray, root: int) -> None:
-        nbytes = buf.nbytes
-        if not SingleCopyBroadcast.fits(rt, nbytes):
-            rt.shm.stream_broadcast(array_address(buf), nbytes, root)
-            return
-
         def broadcast(way: str) -> None:
             if way == "stream":
-                rt.shm.stream_broadcast(array_address(buf), nbytes, root)
+                rt.shm.stream_broadcast(array_address(buf), buf.nbytes, root)
             else:
                 SingleCopyBroadcast.run(rt, buf, root)
-        choice_of(rt, "broadcast", SharedMemoryBroadcast.ways).run(rt, nbytes, broadcast)
+        if SingleCopyBroadcast.fits(rt, buf.nbytes):
+            choice_of(rt, "broadcast", SharedMemoryBroadcast.ways).run(rt, buf.nbytes, broadcast)
+        else:
+            broadcast("stream")
 
 
 class SingleCopyBroadcast:
