@@ -229,3 +229,61 @@ def test_caps_are_what_config_says():
 
 def test_distinct_shapes_leave_memory_bounded(mpirun):
     mpirun(2, "bounded_memory", timeout=120)
+
+
+def test_arena_hands_out_whole_pages_and_takes_them_back_when_unreferenced():
+    import mmap
+    arena = _pool.Arena(mmap.mmap(-1, 64 * KIB), 8 * KIB, 40 * KIB)
+    a, b = arena.take(1), arena.take(12 * KIB + 1)
+    assert (a.size, b.size) == (4 * KIB, 16 * KIB)
+    assert arena.holds(a) and arena.holds(b) and a.ctypes.data % 4096 == 0
+    assert b.ctypes.data - a.ctypes.data == 4 * KIB  # first fit, from the start
+    assert arena.take(24 * KIB) is None  # 20 KiB are left
+    view = b[100:200]
+    del b
+    assert arena.take(24 * KIB) is None  # a view keeps its block
+    del view
+    c = arena.take(36 * KIB)  # b's block joined the free run after it: 4 + 16 + 20 KiB from a on
+    assert c is not None and c.ctypes.data == a.ctypes.data + 4 * KIB
+    assert arena.take(1) is None
+    del a
+    assert arena.take(4 * KIB) is not None
+
+
+def test_arena_bounds_hold_its_part_only():
+    import mmap
+    area = mmap.mmap(-1, 64 * KIB)
+    first, second = _pool.Arena(area, 0, 32 * KIB), _pool.Arena(area, 32 * KIB, 32 * KIB)
+    block = second.take(8 * KIB)
+    assert second.holds(block) and second.holds(block[:0]) and not first.holds(block)
+    assert not second.holds(np.frombuffer(area, np.uint8)[32 * KIB - 1:32 * KIB + 1])
+
+
+def test_pool_from_an_arena_keeps_held_results_and_falls_back_when_full():
+    import mmap
+    arena = _pool.Arena(mmap.mmap(-1, 1 << 20), 0, 1 << 20)
+    pool = Pool(arena=arena)
+    a = pool.empty((100_000,), np.float32)  # 400,000 bytes: a 425,984-byte class
+    a[:] = 3.0
+    assert arena.holds(a)
+    b = pool.empty((100_000,), np.float32)  # a is held: another block
+    assert arena.holds(b) and b.ctypes.data != a.ctypes.data
+    c = pool.empty((100_000,), np.float32)  # no room for a third: the heap, not pooled
+    assert not arena.holds(c) and pool.kept() == (2, 2 * size_class(400_000))
+    assert (a == 3.0).all()
+    address = a.ctypes.data
+    del a
+    assert pool.empty((50, 2000), np.float32).ctypes.data == address
+
+
+def test_pool_from_a_full_arena_frees_its_unreferenced_buffers_for_a_new_size():
+    import mmap
+    arena = _pool.Arena(mmap.mmap(-1, 1 << 20), 0, 1 << 20)
+    pool = Pool(arena=arena)
+    b, a = pool.empty((300 * KIB,), np.uint8), pool.empty((400 * KIB,), np.uint8)
+    assert arena.holds(a) and arena.holds(b)
+    del a  # free in the pool, still in the arena, beside the free rest
+    c = pool.empty((600 * KIB,), np.uint8)  # room only once a's buffer is dropped
+    assert arena.holds(c) and pool.kept() == (2, size_class(300 * KIB) + size_class(600 * KIB))
+    d = pool.empty((600 * KIB,), np.uint8)  # b and c are held: nothing to drop
+    assert not arena.holds(d)

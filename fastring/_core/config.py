@@ -149,6 +149,14 @@ PATH_TIMING_PERIOD_CALLS = 64
 # SHM_STREAM_EXCHANGE_MAX_BYTES; smaller ones stream: a copy between processes costs a
 # barrier and syscalls more.
 SHM_TIMED_CHOICE_MIN_BYTES = 64 * 1024
+# ...unless every rank's result lies in the segment's results area: a pool of result buffers
+# in shared memory that every rank on the host maps, this many bytes of it each (allocated in
+# /dev/shm at init; without room there, the segment comes without the area). Then each rank
+# writes its bytes straight into every rank's result: one copy, no syscall, one barrier before
+# and one after (np=2, 1 MiB: an alltoall 37 us against 53 streamed and 69 for MPI_Alltoall,
+# an allgather 67 against 100 and 134; BENCHMARKS.md, "Round 2, session 9"). Room for the
+# results of a 16 MiB allgather at np=2 and of a few smaller calls beside it.
+SHM_RESULTS_BYTES = 64 << 20
 # A wait on the segment spins on loads this long (a peer in step arrives within microseconds),
 # then yields its core between loads until its spin time (WAIT_*_SPIN_SECONDS below) is up: on
 # a loaded machine the peer may be queued behind this very core, and a round barrier that
@@ -279,6 +287,9 @@ POOL_MAX_ENTRIES = 256
 # Pooled buffers start on this boundary: XLA's CPU client imports (DLPack, device_put) host
 # memory without a copy only when it is 64-byte aligned, and numpy's allocator gives 16.
 POOL_ALIGN_BYTES = 64
+# An Arena (the shared results area) hands out whole pages: a copy into a block then starts on
+# the same page offset as the heap's buffers would, and blocks share no page.
+ARENA_BLOCK_BYTES = 4096
 # Error-feedback residuals (fastring._core.residuals), one per tensor name, on the host and
 # on the device. A residual dropped costs that tensor one step's rounding correction, so the
 # caps sit well above a real model's gradients - 4 GiB is every float32 gradient of a

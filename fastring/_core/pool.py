@@ -20,12 +20,13 @@ from __future__ import annotations
 import math
 import sys
 import threading
+import weakref
 from collections import OrderedDict
 
 import numpy as np
 
-from .config import (POOL_ALIGN_BYTES, POOL_CLASSES_PER_OCTAVE, POOL_MAX_BYTES, POOL_MAX_ENTRIES, POOL_MIN_BYTES,
-                     POOL_PER_SIZE)
+from .config import (ARENA_BLOCK_BYTES, POOL_ALIGN_BYTES, POOL_CLASSES_PER_OCTAVE, POOL_MAX_BYTES, POOL_MAX_ENTRIES,
+                     POOL_MIN_BYTES, POOL_PER_SIZE)
 
 _getrefcount = sys.getrefcount
 # A class spans 1/POOL_CLASSES_PER_OCTAVE of its power of two: the request's bit length less
@@ -45,17 +46,84 @@ def size_class(nbytes: int) -> int:
     return (nbytes + step - 1) & -step
 
 
+class Arena:
+    """Blocks of one mapping (`buffer`, anything with the buffer protocol: the host segment's
+    results area, which the other ranks on the host map too) from byte `start` on, `length`
+    bytes, each handed out as a uint8 array. A block returns to the arena when its array and
+    every view of it are gone, so memory a caller still holds is never handed out again.
+
+    Example:
+        >>> import mmap
+        >>> arena = Arena(mmap.mmap(-1, 1 << 16), 0, 1 << 16)
+        >>> a = arena.take(40_000); a.size, arena.take(40_000) is None   # one block of pages
+        (40960, True)
+        >>> del a; arena.take(40_000).size                               # back once a is gone
+        40960
+    """
+
+    def __init__(self, buffer, start: int, length: int) -> None:
+        self._buffer = buffer
+        self._bounds = (np.frombuffer(buffer, np.uint8).ctypes.data + start, length)
+        self._free = [(start, length)]  # (offset, bytes), by offset, none adjacent
+        self._returned: list = []  # blocks whose arrays are gone: merged at the next take
+        self._lock = threading.Lock()
+
+    def take(self, nbytes: int) -> np.ndarray | None:
+        """A block of at least `nbytes` (whole pages) as a uint8 array, or None when no free
+        run of the arena is that long."""
+        size = -(-nbytes // ARENA_BLOCK_BYTES) * ARENA_BLOCK_BYTES
+        with self._lock:
+            self._merge_returned()
+            for i, (offset, length) in enumerate(self._free):
+                if length >= size:
+                    self._free[i:i + 1] = [(offset + size, length - size)] if length > size else []
+                    break
+            else:
+                return None
+        block = np.frombuffer(self._buffer, np.uint8, size, offset)
+        # list.append is atomic: a block may die on any thread, this one holding the lock included
+        weakref.finalize(block, self._returned.append, (offset, size))
+        return block
+
+    def holds(self, arr: np.ndarray) -> bool:
+        """Whether every byte of `arr` lies in this arena.
+
+        Example:
+            >>> import mmap
+            >>> arena = Arena(mmap.mmap(-1, 1 << 16), 4096, 8192)
+            >>> arena.holds(arena.take(100)[3:]), arena.holds(np.zeros(4))
+            (True, False)
+        """
+        first, length = self._bounds
+        return arr.size == 0 or first <= arr.ctypes.data and arr.ctypes.data + arr.nbytes <= first + length
+
+    def _merge_returned(self) -> None:
+        while self._returned:
+            self._free.append(self._returned.pop())
+        self._free.sort()
+        merged = self._free[:1]
+        for offset, length in self._free[1:]:
+            last_offset, last_length = merged[-1]
+            if last_offset + last_length == offset:
+                merged[-1] = (last_offset, last_length + length)
+            else:
+                merged.append((offset, length))
+        self._free = merged
+
+
 class _Slot:
     """One pooled buffer and the view of it last handed out (reused while the caller asks
     for the same shape and dtype, so the hot path builds no array).
 
-    `base` is the allocation, POOL_ALIGN_BYTES longer than the size class; views start at
+    `base` is the allocation of `size` (the size class) bytes and more: POOL_ALIGN_BYTES
+    more from the heap, or a block of an Arena, which starts on a page; views start at
     `start`, its first aligned byte.
     """
-    __slots__ = ("base", "start", "view", "key")
+    __slots__ = ("base", "start", "view", "key", "size")
 
-    def __init__(self, size: int, key: tuple) -> None:
-        self.base = np.empty(size + POOL_ALIGN_BYTES, np.uint8)
+    def __init__(self, size: int, key: tuple, base: np.ndarray | None = None) -> None:
+        self.base = np.empty(size + POOL_ALIGN_BYTES, np.uint8) if base is None else base
+        self.size = size
         self.start = -self.base.ctypes.data % POOL_ALIGN_BYTES
         self.view_as(key)
 
@@ -63,9 +131,6 @@ class _Slot:
         shape, dtype = key
         nbytes = dtype.itemsize * math.prod(shape)
         self.view, self.key = self.base[self.start:self.start + nbytes].view(dtype).reshape(shape), key
-
-    def size(self) -> int:
-        return self.base.size - POOL_ALIGN_BYTES
 
 
 # A slot is free when only the pool references its buffer and view. Counted by getrefcount
@@ -82,7 +147,9 @@ def _is_free(slot: _Slot) -> bool:
 
 class Pool:
     """Buffers for results, reused when nothing references them, at most `max_bytes` and
-    `max_entries` of them kept (in size-class bytes), `per_size` per size class.
+    `max_entries` of them kept (in size-class bytes), `per_size` per size class; from
+    `arena` where given (a result it has no room for is then the caller's alone, from the
+    heap).
 
     Thread-safe: the engine's thread and the callers' allocate from one pool.
 
@@ -100,8 +167,8 @@ class Pool:
     """
 
     def __init__(self, max_bytes: int = POOL_MAX_BYTES, max_entries: int = POOL_MAX_ENTRIES,
-                 per_size: int = POOL_PER_SIZE, min_bytes: int = POOL_MIN_BYTES) -> None:
-        self.max_bytes, self.max_entries = max_bytes, max_entries
+                 per_size: int = POOL_PER_SIZE, min_bytes: int = POOL_MIN_BYTES, arena: Arena | None = None) -> None:
+        self.max_bytes, self.max_entries, self.arena = max_bytes, max_entries, arena
         self.per_size, self.min_bytes = per_size, min_bytes
         self._by_size: dict[int, list[_Slot]] = {}
         self._by_key: dict[tuple, _Slot] = {}  # (shape, dtype) -> a slot viewed so: the hot path
@@ -156,7 +223,14 @@ class Pool:
             return np.empty(shape, dtype)
         while self._bytes + size > self.max_bytes or len(self._lru) >= self.max_entries:
             self._evict()
-        slot = _Slot(size, key)
+        base = None
+        if self.arena is not None:
+            base = self.arena.take(size)
+            while base is None and self._evict_free():  # room the pool's free buffers take
+                base = self.arena.take(size)
+            if base is None:
+                return np.empty(shape, dtype)
+        slot = _Slot(size, key, base)
         self._by_size.setdefault(size, []).append(slot)
         self._by_key[key] = slot
         self._lru[slot] = None
@@ -171,12 +245,21 @@ class Pool:
         """Drop the least recently used free buffer; failing that (every buffer is held),
         forget the least recently used held one: its holder keeps it alive, and it is freed
         with the holder's last reference instead of staying in the pool after."""
+        if not self._evict_free():
+            self._drop(next(iter(self._lru)))
+
+    def _evict_free(self) -> bool:
+        """Drop the least recently used free buffer, if any (its memory goes back to the heap
+        or the arena at once); whether there was one."""
         victim = next((slot for slot in self._lru if _is_free(slot)), None)
-        if victim is None:
-            victim = next(iter(self._lru))
+        if victim is not None:
+            self._drop(victim)
+        return victim is not None
+
+    def _drop(self, victim: _Slot) -> None:
         del self._lru[victim]
         self._unkey(victim)
-        size = victim.size()
+        size = victim.size
         slots = self._by_size[size]
         slots.remove(victim)
         if not slots:

@@ -10,6 +10,7 @@ import numpy as np
 from mpi4py import MPI
 
 from . import config as _config
+from . import pool as _pool
 
 log = logging.getLogger("fastring")
 
@@ -20,9 +21,10 @@ class Runtime:
     def __init__(self, transport, config: _config.Config, attach_shm=None, make_transport=None):
         """`transport`: the fastring._transport.Transport over a private duplicate of the
         user's communicator (built by the layer above, which owns the transport).
-        `attach_shm(transport, tile_bytes, cycle_bytes) -> (segment or None, why not)`:
-        fastring._transport.SharedSegment.attach, tried when every rank runs on this host
-        (`shm`), and over the host level of the hierarchy (`host_shm`, one segment per host).
+        `attach_shm(transport, tile_bytes, cycle_bytes, results_bytes) -> (segment or None,
+        why not)`: fastring._transport.SharedSegment.attach, tried when every rank runs on
+        this host (`shm`, with a results area: `results`), and over the host level of the
+        hierarchy (`host_shm`, one segment per host).
         `make_transport(comm)` builds a transport over another communicator, for the host and
         cross-host levels of a job with several hosts of several ranks each (`hierarchy`)."""
         self.config = config
@@ -50,6 +52,11 @@ class Runtime:
             # namespaces of one machine) it would, and would skip the network
             self.transport.enable_single_copy()
         self.shm = self._attach_shm(config, attach_shm) if self.size > 1 else None
+        # where allgather and alltoall results come from: the segment's results area, into
+        # which every rank on the host can write, where it has one (alike on every rank: the
+        # segment's attach agrees). Small ones too: an alltoall's result is 1/N of its bytes.
+        self.results = _pool.POOL if self.shm is None or self.shm.results is None else \
+            _pool.Pool(max_bytes=_config.SHM_RESULTS_BYTES, min_bytes=0, arena=self.shm.results)
         # per collective, which of its ways the calls measured faster (algorithms.choice); a
         # new runtime learns afresh
         self.choices: dict = {}
@@ -93,7 +100,8 @@ class Runtime:
         elif host_level is None and self.local_size != self.size:
             why = f"the ranks run on {self.cross_size} hosts"
         else:
-            seg, why = attach(host_level or self.transport, _config.SHM_TILE_BYTES, _config.SHM_CYCLE_BYTES)
+            seg, why = attach(host_level or self.transport, _config.SHM_TILE_BYTES, _config.SHM_CYCLE_BYTES,
+                              0 if host_level else _config.SHM_RESULTS_BYTES)
             if seg is not None:
                 log.debug("fastring: shared-memory path on, %d bytes per rank buffer", seg.tile_bytes)
                 return seg

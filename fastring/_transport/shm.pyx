@@ -73,7 +73,9 @@ from .._core.config import (SHM_ACTIVE_SPIN_SECONDS, SHM_ALLREDUCE_SINGLE_COPY_B
                             SHM_STREAM_LARGE_PIECE_BYTES, SHM_STREAM_PIECE_BYTES,
                             SHM_STREAMING_STORE_BYTES, WAIT_CYCLE_SPIN_SECONDS)
 from .._core.errors import FastringError
+from .._core.pool import Arena
 
+import mmap as pymmap
 import os
 import re
 import secrets
@@ -178,6 +180,7 @@ DEF PAGE = 4096
 DEF PURE_SPINS = 2048   # loads before a wait reads the clock (and, oversubscribed, yields)
 DEF CPU_WORD = 3       # in a rank's sequence line: the core it last arrived from (1, 2: allgather counts)
 DEF SUB_BYTES = 32768   # the reduction's unit: a piece copied and reduced while in L1
+DEF DIRECT_TILE = 262144  # a direct allgather's unit: written to every rank's result while in L2
 # In a rank's sequence line, on the second 64-byte half (away from the counter the barriers
 # poll): how far the streams it sent have been published, and how far it has read the
 # streams it received (both in bytes of the one stream position every rank counts alike).
@@ -191,14 +194,22 @@ DEF PIPE_STAGED = 10
 DEF PIPE_REDUCED = 11
 DEF PIPE_DONE = 12
 DEF PIPE_SLOTS = 2      # slots (of a tile per part) per rank's buffer, used in turn
+# In a rank's sequence line, second half: where the result of its running allgather or
+# alltoall lies in the results area (bytes from the area's start), or NO_RESULT where it
+# lies elsewhere (`_results_ready`)
+DEF RESULT_AT = 13
+DEF NO_RESULT = -1  # as a uint64_t: no offset in the area
 
 # How allgather_rows and alltoall_rows move their bytes (`way`): by their size (streamed up to
 # stream_exchange_bytes, above by single copy or in rounds), or streamed, or by single copy
-# where the ranks may copy between their memories, as the caller chose alike on every rank
+# where the ranks may copy between their memories, or written straight into every rank's
+# result where every result lies in the segment's results area (streamed where one does
+# not), as the caller chose alike on every rank
 DEF BY_SIZE = 0
 DEF STREAMED = 1
 DEF COPIED = 2
-EXCHANGE_BY_SIZE, EXCHANGE_STREAM, EXCHANGE_SINGLE_COPY = BY_SIZE, STREAMED, COPIED
+DEF DIRECT = 3
+EXCHANGE_BY_SIZE, EXCHANGE_STREAM, EXCHANGE_SINGLE_COPY, EXCHANGE_DIRECT = BY_SIZE, STREAMED, COPIED, DIRECT
 
 cdef double _CYCLE_SPIN = WAIT_CYCLE_SPIN_SECONDS
 cdef double _HOT_SPIN = SHM_HOT_SPIN_SECONDS
@@ -373,6 +384,13 @@ cdef class SharedSegment:
     cdef finish_fn_t finish
     cdef int64_t finish_divisor
     cdef double finish_factor
+    # The results area: `results_bytes` for each rank's results after the segment, mapped by
+    # every rank at `results_base` (in this process), so that an allgather or alltoall whose
+    # results lie there writes every rank's bytes straight into them; `results` hands out this
+    # rank's part (a fastring._core.pool.Arena), None without an area
+    cdef char* results_base
+    cdef readonly int64_t results_bytes
+    cdef readonly object results
 
     def __dealloc__(self):
         if self.base != NULL:
@@ -380,10 +398,13 @@ cdef class SharedSegment:
         free(self.scratch)
 
     @staticmethod
-    def attach(TransportBase transport not None, int64_t tile_bytes, int64_t cycle_bytes):
+    def attach(TransportBase transport not None, int64_t tile_bytes, int64_t cycle_bytes,
+               int64_t results_bytes=0):
         """Collective over `transport`'s ranks, which must all run on this host: rank 0
         creates the segment, every rank maps it, rank 0 unlinks it. Returns (segment, None),
-        or (None, why) on every rank alike when any rank could not map it.
+        or (None, why) on every rank alike when any rank could not map it. With
+        `results_bytes`, a results area of that many bytes for each rank follows the segment
+        (`results`), unless /dev/shm has no room for it: then the segment comes without.
 
         Example:
             >>> from mpi4py import MPI
@@ -425,6 +446,7 @@ cdef class SharedSegment:
                             * s.stream_piece)
         s.ring = s.tile // s.large_piece * s.large_piece
         s.length = s.stream_off + n * s.tile
+        s.results_bytes = _align(max(results_bytes, 0), PAGE)
         name = ""
         why = None
         if me == 0:
@@ -433,7 +455,7 @@ cdef class SharedSegment:
             why = s._map(name.encode(), True)
             if why is not None:
                 name = ""
-        name = comm.bcast(name, root=0)
+        name, s.results_bytes = comm.bcast((name, s.results_bytes), root=0)
         if me != 0 and name:
             why = s._map(name.encode(), False)
         elif not name and why is None:
@@ -446,9 +468,7 @@ cdef class SharedSegment:
             shm_unlink(name.encode())  # every rank has mapped it (or given up): the name goes now
         failed = [(r, w) for r, w in enumerate(reasons) if w is not None]
         if failed:
-            if s.base != NULL:
-                munmap(s.base, s.length)
-                s.base = NULL
+            s.close()
             return None, "; ".join(f"rank {r}: {w}" for r, w in failed)
         return s, None
 
@@ -458,10 +478,14 @@ cdef class SharedSegment:
         if fd < 0:
             return f"shm_open({name.decode()}): {os.strerror(_errno())}"
         cdef int err = 0
+        cdef int64_t results = self.size * self.results_bytes
         if create:
             # fallocate, not only ftruncate: a full /dev/shm must fail here, not with SIGBUS on
-            # the first touch of a page
-            err = posix_fallocate(fd, 0, self.length)
+            # the first touch of a page; without room for the results area, the segment alone
+            err = posix_fallocate(fd, 0, self.length + results) if results else -1
+            if err != 0:
+                self.results_bytes = results = 0
+                err = posix_fallocate(fd, 0, self.length)
             if err != 0:
                 close(fd)
                 shm_unlink(name)
@@ -470,19 +494,35 @@ cdef class SharedSegment:
         # its slots for 1-2 ms, and PathTimes took that for the path's speed
         cdef void* p = mmap(NULL, self.length, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0)
         err = _errno()
-        close(fd)
         if p == <void*> -1:
+            close(fd)
             if create:
                 shm_unlink(name)
             return f"mmap of {self.length} bytes: {os.strerror(err)}"
         self.base = <char*> p
+        if results:
+            # a mapping of its own, from Python: the results handed out keep it (the arrays'
+            # memory) alive after close; its pages are touched when first used, not now
+            try:
+                area = pymmap.mmap(fd, results, pymmap.MAP_SHARED, pymmap.PROT_READ | pymmap.PROT_WRITE,
+                                 offset=self.length)
+            except OSError as e:
+                close(fd)
+                if create:
+                    shm_unlink(name)
+                return f"mmap of the {results}-byte results area: {e}"
+            self.results_base = <char*> <uintptr_t> np.frombuffer(area, np.uint8).ctypes.data
+            self.results = Arena(area, self.rank * self.results_bytes, self.results_bytes)
+        close(fd)
         return None
 
     def close(self):
-        """Unmap the segment (the memory goes when the last rank has unmapped it)."""
+        """Unmap the segment (the memory goes when the last rank has unmapped it; the results
+        area's, when the last result from it is gone too)."""
         if self.base != NULL:
             munmap(self.base, self.length)
             self.base = NULL
+        self.results_base, self.results_bytes, self.results = NULL, 0, None
         self.broken = FastringError("the shared-memory segment was closed")
 
     @property
@@ -1215,7 +1255,7 @@ cdef class SharedSegment:
         cdef int64_t[::1] c, b, d, bd
         cdef int64_t[::1] io
         cdef uintptr_t dst
-        cdef bint streaming, all_staged = known is None
+        cdef bint streaming, direct, all_staged = known is None
         if known is None:
             self.data_rounds += 1
             try:
@@ -1253,6 +1293,14 @@ cdef class SharedSegment:
                 total += b[r]
                 all_staged = all_staged and self._stages(b[r])
             streaming = total >= self.streaming_bytes
+            if way == DIRECT:
+                with nogil:
+                    direct = self._results_ready(dst, total)
+                    if direct:
+                        self._direct_allgather(<char*> src, mine, d[me], streaming)
+                if direct:
+                    return counts, out
+                way = STREAMED
             if way == STREAMED or (way == BY_SIZE and total <= self.stream_exchange_bytes):
                 io = np.zeros(6 * n, np.int64)
                 io[0], io[1] = <int64_t> src, mine
@@ -1284,6 +1332,63 @@ cdef class SharedSegment:
         if err:
             self._raise_copy_error(err)
         return counts, out
+
+    # ------------------------------------------------------------------ results area
+    cdef bint _results_ready(self, uintptr_t dst, int64_t nbytes) except -1 nogil:
+        """Publish where this rank's result of `nbytes` at `dst` lies in the results area (or
+        that it lies elsewhere), then one barrier: whether every rank's does, the same answer
+        on every rank. A rank publishes again only in its next allgather or alltoall, after
+        that call's negotiation cycle, which no rank passes before every rank has read these."""
+        cdef uintptr_t mine = <uintptr_t> self.results_base + self.rank * self.results_bytes
+        cdef int r
+        self._word(self.rank)[RESULT_AT] = (
+            dst - <uintptr_t> self.results_base
+            if self.results_bytes and mine <= dst and dst + nbytes <= mine + <uintptr_t> self.results_bytes
+            else <uint64_t> NO_RESULT)
+        self._data_arrive()
+        for r in range(self.size):
+            if self._word(r)[RESULT_AT] == <uint64_t> NO_RESULT:
+                return False
+        return True
+
+    cdef inline char* _result(self, int r) noexcept nogil:
+        """Rank r's result, as `_results_ready` published it, in this process's mapping."""
+        return self.results_base + self._word(r)[RESULT_AT]
+
+    cdef int _direct_allgather(self, char* src, int64_t nbytes, int64_t at, bint streaming) except -1 nogil:
+        """After `_results_ready`: this rank's `nbytes` at `src` into byte `at` of every rank's
+        result, a tile at a time to every rank while the tile is in the cache, each rank
+        starting at the next one's so that no two write into one result at once; then the
+        barrier after which every rank's result is whole."""
+        cdef int n = self.size, me = self.rank, i
+        cdef int64_t lo = 0, piece
+        cdef char* to
+        while lo < nbytes:
+            piece = min(<int64_t> DIRECT_TILE, nbytes - lo)
+            for i in range(n):
+                to = self._result((me + 1 + i) % n) + at + lo
+                if to != src + lo:
+                    self._copy_out(to, src + lo, piece, streaming)
+            lo += piece
+        self._data_arrive()
+        return 0
+
+    cdef int _direct_alltoall(self, char* src, const int64_t* counts, const int64_t* sdispls,
+                              bint streaming) except -1 nogil:
+        """After `_results_ready`: this rank's counts[me * n + k] bytes for each rank k, from
+        src + sdispls[k], into k's result after the bytes of the ranks before this one, each
+        rank starting at the next one's; then the barrier after which every result is whole."""
+        cdef int n = self.size, me = self.rank, i, k, q
+        cdef int64_t at
+        for i in range(n):
+            k = (me + 1 + i) % n
+            at = 0
+            for q in range(me):
+                at += counts[q * n + k]
+            if counts[me * n + k]:
+                self._copy_out(self._result(k) + at, src + sdispls[k], counts[me * n + k], streaming)
+        self._data_arrive()
+        return 0
 
     cdef int _gatherv(self, char* src, char* dst, const int64_t* counts, const int64_t* displs,
                       int64_t most, bint streaming) except -1 nogil:
@@ -1393,7 +1498,7 @@ cdef class SharedSegment:
         cdef int64_t[:, ::1] b, ints
         cdef int64_t[::1] rd, got, sent, gets
         cdef uintptr_t dst
-        cdef bint streaming, all_staged = known is None
+        cdef bint streaming, direct, all_staged = known is None
         cdef int64_t widest = 0
         cdef int64_t* io
         cdef const int64_t* rows_of
@@ -1433,6 +1538,14 @@ cdef class SharedSegment:
             for r in range(1, n):
                 rd[r] = rd[r - 1] + b[r - 1, me]
             streaming = rd[n - 1] + b[n - 1, me] >= self.streaming_bytes
+            if way == DIRECT:
+                with nogil:
+                    direct = self._results_ready(dst, rd[n - 1] + b[n - 1, me])
+                    if direct:
+                        self._direct_alltoall(<char*> src, &b[0, 0], &sd[0], streaming)
+                if direct:
+                    return received, out
+                way = STREAMED
             if way == STREAMED or (way == BY_SIZE and widest <= self.stream_exchange_bytes):
                 io = &ints[n + 3, 0]  # the last 6n words
                 for r in range(n):

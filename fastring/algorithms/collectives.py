@@ -46,7 +46,7 @@ from .._core.ops import KERNEL_OP, ReduceOp
 from .._core.work import AllreduceWork, finalizer, predivides, prescale, split_for_average, unpack
 from .._transport import (array_address, chain_broadcast, is_c_contiguous, pairwise_alltoall,
                           ring_reduce_scatter_into, single_copy_broadcast, tree_broadcast)
-from .._transport.shm import EXCHANGE_BY_SIZE, EXCHANGE_SINGLE_COPY, EXCHANGE_STREAM
+from .._transport.shm import EXCHANGE_BY_SIZE, EXCHANGE_DIRECT, EXCHANGE_SINGLE_COPY, EXCHANGE_STREAM
 from . import hierarchical
 from .base import Message, chunk_offsets, ring_segment
 from .choice import choice_of
@@ -111,15 +111,27 @@ _EXCHANGE_NAMES = tuple(_EXCHANGE_WAYS)
 
 
 def _exchange(rt, collective: str, nbytes: int | None, call):
-    """`call(way)` of an allgather or alltoall through the segment (`way`: an EXCHANGE_*).
-    Where every rank knows the call's bytes alike (`nbytes`, the lean path's) and they may
-    stream or go by single copy, whichever the calls of that size measured faster
-    (`TimedChoice`: on an Intel Xeon single copy beat the stream at 1 and 16 MiB, the
-    stream was chosen for the AMD Zen 3 the sizes were set on; BENCHMARKS.md, "Round 2,
-    session 8"); otherwise by size."""
+    """`call(way)` of an allgather or alltoall through the segment (`way`: an EXCHANGE_*),
+    whose result comes from `rt.results`. Where every rank knows the call's bytes alike
+    (`nbytes`, the lean path's): where results come from the segment's results area (alike on
+    every rank), written straight into every rank's result (streamed where one has no room
+    there); otherwise streamed or by single copy,
+    whichever the calls of that size measured faster (`TimedChoice`: on an Intel Xeon single
+    copy beat the stream at 1 and 16 MiB, the stream was chosen for the AMD Zen 3 the sizes
+    were set on; BENCHMARKS.md, "Round 2, session 8"). Otherwise by size."""
     if nbytes is None or not SHM_TIMED_CHOICE_MIN_BYTES <= nbytes <= SHM_STREAM_EXCHANGE_MAX_BYTES:
         return call(EXCHANGE_BY_SIZE)
+    if rt.results.arena is not None:
+        return call(EXCHANGE_DIRECT)
     return choice_of(rt, collective, _EXCHANGE_NAMES).run(rt, nbytes, lambda way: call(_EXCHANGE_WAYS[way]))
+
+
+def _by_rows(rt, known: bool) -> bool:
+    """Whether an allgather or alltoall goes through the segment's calls that learn the row
+    counts on the way (`SharedSegment.allgather_rows`, `alltoall_rows`): where the ranks may
+    copy between their memories, or where every rank `known`s the counts and the results come
+    from the segment's results area (written into directly, no such copy needed)."""
+    return rt.size > 1 and rt.shm is not None and (rt.transport.single_copy or (known and rt.results.arena is not None))
 
 
 def allgather_concat(rt, arr: np.ndarray, counts: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
@@ -128,13 +140,13 @@ def allgather_concat(rt, arr: np.ndarray, counts: np.ndarray | None = None) -> t
     (the lean path's negotiation cycle carried them); otherwise, where the segment takes
     allgathers at every size, they travel in the data round's barrier
     (`SharedSegment.allgather_rows`), and elsewhere they are gathered first."""
-    if rt.size > 1 and rt.shm is not None and rt.transport.single_copy:
+    if _by_rows(rt, counts is not None):
         src = arr if is_c_contiguous(arr) else np.ascontiguousarray(arr)
         unit = row_bytes(src)
         return _exchange(rt, "allgather", None if counts is None else int(counts.sum()) * unit,
                          lambda way: rt.shm.allgather_rows(
                              array_address(src), src.shape[0], unit,
-                             lambda rows: _pool.empty((int(rows.sum()),) + arr.shape[1:], arr.dtype), counts, way))
+                             lambda rows: rt.results.empty((int(rows.sum()),) + arr.shape[1:], arr.dtype), counts, way))
     if counts is None:
         counts = gather_counts(rt, arr.shape[0])
     out = _pool.empty((int(counts.sum()),) + arr.shape[1:], arr.dtype)
@@ -255,13 +267,13 @@ def alltoall_rows(rt, arr: np.ndarray, send_rows: np.ndarray,
     rank r's), where every rank already knows them (the lean path's negotiation cycle
     carried them)."""
     unit_bytes = row_bytes(arr)
-    if rt.size > 1 and rt.shm is not None and rt.transport.single_copy:
+    if _by_rows(rt, matrix is not None):
         # unless known, the row counts travel in the data round's barrier (SharedSegment.alltoall_rows)
         src = arr if is_c_contiguous(arr) else np.ascontiguousarray(arr[:int(send_rows.sum())])
         recv_rows, out = _exchange(rt, "alltoall", None if matrix is None else int(matrix.sum()) * unit_bytes,
                                    lambda way: rt.shm.alltoall_rows(
                                        array_address(src), send_rows, unit_bytes,
-                                       lambda rows: _pool.empty((int(rows.sum()),) + arr.shape[1:], arr.dtype),
+                                       lambda rows: rt.results.empty((int(rows.sum()),) + arr.shape[1:], arr.dtype),
                                        matrix, way))
         return out, recv_rows
     if matrix is None and rt.shm is not None:  # every rank learns every rank's row counts

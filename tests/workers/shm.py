@@ -464,12 +464,66 @@ def lean_exchanges(tag):
                    ValueError, "known")
 
 
+def results_area(tag):
+    """Lean allgathers and alltoalls whose results come from the segment's results area, each
+    rank writing its bytes straight into every rank's result: exact, with uneven rows, at the
+    smallest size that goes so and across several of the rank's tiles; results in the area;
+    a result the caller holds neither handed out again nor written by the next call; one rank
+    whose area has no room left (its result on the heap) sends every rank the streamed way,
+    alike, with exact results."""
+    arena = rt.results.arena
+    c.CHECKS.check(arena is not None and rt.shm.results is arena, f"no results area {tag}: {rt.results}")
+    if arena is None:
+        return
+    per_rank = [SHM_TIMED_CHOICE_MIN_BYTES // 8 // N + 1, 3 * (1 << 20) // 8 // N + 5]  # int64 items
+
+    def calls(k, what):
+        parts = [c.rank_input(np.dtype(np.int64), (per_rank[k % 2] + 7 * r,), r, 700 + k) for r in range(N)]
+        got = fastring.allgather(parts[R], name=f"area ag {k % 2}")
+        to = lambda r, j: per_rank[k % 2] // N + 5 * j + 3 * r  # noqa: E731
+        inputs = [c.rank_input(np.dtype(np.int64), (sum(to(r, j) for j in range(N)),), r, 800 + k) for r in range(N)]
+        starts = [np.cumsum([0] + [to(r, j) for j in range(N)]) for r in range(N)]
+        moved, received = fastring.alltoall(inputs[R], splits=[to(R, j) for j in range(N)], name=f"area a2a {k % 2}")
+        return [(f"allgather {what} {k} {tag}", got, np.concatenate(parts)),
+                (f"alltoall {what} {k} {tag}", moved,
+                 np.concatenate([inputs[r][starts[r][R]:starts[r][R + 1]] for r in range(N)]))]
+
+    held = [calls(k, "direct") for k in range(4)]  # every result held: each call a new block
+    for results in held:
+        for what, got, expect in results:
+            c.check_close(what, got, expect, 0)  # after every later call wrote its results
+            c.CHECKS.check(arena.holds(got), f"{what}: the result lies outside the area")
+    addresses = [got.ctypes.data for results in held for _, got, _ in results]
+    c.CHECKS.check(len(set(addresses)) == len(addresses), f"held results share memory {tag}")
+    del held
+    saved = rt.results
+    try:
+        full = fastring._core.pool.Arena(arena._buffer, R * rt.shm.results_bytes, 4096)
+        rt.results = fastring._core.pool.Pool(arena=full) if R == V else saved
+        results = calls(4, "one rank's area full") + calls(5, "one rank's area full")
+    finally:
+        rt.results = saved
+    for what, got, expect in results:
+        c.check_close(what, got, expect, 0)
+        c.CHECKS.check(arena.holds(got) != (R == V), f"{what}: where the result lies")
+
+
 def timed_choices(tag):
     """The one-host broadcast, allgather and alltoall whose way (streamed or by single copy)
     is the faster measured for their size (algorithms.choice.TimedChoice), with a period of 4
     calls so that both ways run several times each: every call's result exact, checked after
     all ran, from every root in turn and with uneven rows; both ways timed for each; and every
-    rank's record of the times the same (or the ranks would part ways)."""
+    rank's record of the times the same (or the ranks would part ways). Results from the heap:
+    where they lie in the segment's results area, allgather and alltoall write them directly
+    instead (`results_area`)."""
+    saved, rt.results = rt.results, fastring._core.pool.POOL
+    try:
+        _timed_choices(tag)
+    finally:
+        rt.results = saved
+
+
+def _timed_choices(tag):
     from fastring.algorithms import choice
     period = 4
     ways = ("stream", "single copy")
@@ -591,6 +645,12 @@ streamed_broadcasts("cached")
 streaming_copies()
 streamed_exchanges("cached")
 lean_exchanges("cached")
+results_area("cached")
+# A result from the results area outlives the segment: its memory stays mapped while it is
+# held (checked after the shutdown below).
+kept_parts = [c.rank_input(np.dtype(np.int32), (SHM_TIMED_CHOICE_MIN_BYTES // 4 + r,), r, 900) for r in range(N)]
+kept = fastring.allgather(kept_parts[R], name="kept")
+c.CHECKS.check(runtime().results.arena.holds(kept), "the kept result lies outside the results area")
 timed_choices("cached")
 through_requests(streamed_exchanges, "cached, requests")
 counted_allgathers("streamed")
@@ -604,6 +664,7 @@ shm.streaming_bytes = 0
 streamed_broadcasts("streaming stores")
 streamed_exchanges("streaming stores")
 lean_exchanges("streaming stores")
+results_area("streaming stores")
 unstreamed(counted_allgathers, "single copy, streaming stores")
 unstreamed(counted_alltoalls, "single copy, streaming stores")
 # and through the API: allgather of uneven row counts, alltoall with splits
@@ -828,9 +889,24 @@ else:
 c.check_close("crossed a", fastring.synchronize(ha), a_in, 0)  # Average of equal inputs
 c.check_close("crossed b", fastring.synchronize(hb), b_in, 0)
 
+# A results area /dev/shm has no room for: the segment comes without one.
+from fastring._transport import Transport  # noqa: E402
+from fastring._transport.shm import SharedSegment  # noqa: E402
+spare = Transport(c.COMM.Dup())
+seg, why = SharedSegment.attach(spare, 1 << 16, 81920, 1 << 50)
+c.CHECKS.check(seg is not None and why is None and seg.results is None and seg.results_bytes == 0,
+               f"a segment with a results area too large for /dev/shm: {seg}, {why}")
+if seg is not None:
+    seg.close()
+spare.free()
+
 # FASTRING_SHM=0: the MPI paths, and the debug log says why; then a fresh segment again.
 os.environ["FASTRING_SHM"] = "0"
 fastring.shutdown()
+c.check_close("a result from the area after shutdown", kept, np.concatenate(kept_parts), 0)
+kept[:] = 7
+c.CHECKS.check(bool((kept == 7).all()), "a result from the area is not writable after shutdown")
+del kept
 fastring.init()
 c.CHECKS.check(runtime().shm is None, "FASTRING_SHM=0 left the path on")
 c.CHECKS.check("shared-memory path off: FASTRING_SHM=0" in log.getvalue(), f"no reason logged: {log.getvalue()}")
