@@ -1,8 +1,9 @@
 """Each way a one-host broadcast, allgather and alltoall can take, forced, against MPI in the
-same launch: streamed through the segment, by single copy, and MPI_Bcast / MPI_Allgather /
-MPI_Alltoall; np=2, float32, trials alternating, median µs per call. What
-`algorithms.choice.TimedChoice` chooses between on the user's calls (BENCHMARKS.md, "Round 2,
-session 8").
+same launch: streamed through the segment, by single copy, written straight into the results
+(allgather and alltoall, whose results come from the segment's results area), and MPI_Bcast /
+MPI_Allgather / MPI_Alltoall; np=2, float32, trials alternating, median µs per call. What
+`algorithms.choice.TimedChoice` chooses between on the user's calls, and what the results area
+saves (BENCHMARKS.md, "Round 2, sessions 8 and 9").
 
 usage: fastring-run -np 2 python scripts/bench_ways.py [--sizes 1M,16M]
 """
@@ -15,18 +16,24 @@ from mpi4py import MPI
 
 import fastring
 from fastring._core.runtime import runtime
-from fastring.algorithms import choice
+from fastring._transport.shm import EXCHANGE_DIRECT, EXCHANGE_SINGLE_COPY, EXCHANGE_STREAM
+from fastring.algorithms import choice, collectives
 from fastring.tools.bench import cpu_model, format_bytes, parse_bytes
 
 from bench_shm import calls_for, timed
 
+_EXCHANGE_WAYS = {"direct": EXCHANGE_DIRECT, "stream": EXCHANGE_STREAM, "single copy": EXCHANGE_SINGLE_COPY}
+_pick, _exchange = choice.TimedChoice.pick, collectives._exchange
+
 
 def forced(way: str | None):
-    """Make every TimedChoice run `way` untimed (None: choose as usual)."""
-    choice.TimedChoice.pick = _pick if way is None else (lambda self, nbytes: (way, False))
-
-
-_pick = choice.TimedChoice.pick
+    """Make every one-host broadcast (its TimedChoice), allgather and alltoall run `way`
+    (None: choose as usual)."""
+    if way is None:
+        choice.TimedChoice.pick, collectives._exchange = _pick, _exchange
+    else:
+        choice.TimedChoice.pick = lambda self, nbytes: (way, False)
+        collectives._exchange = lambda rt, collective, nbytes, call: call(_EXCHANGE_WAYS[way])
 
 
 def main() -> None:
@@ -38,7 +45,6 @@ def main() -> None:
     if runtime().shm is None:
         raise SystemExit("the shared segment is off: run every rank on one host")
     n = comm.Get_size()
-    ways = ("stream", "single copy")
     if comm.Get_rank() == 0:
         print(f"# np={n} cpu={cpu_model()}; median us per call")
     for nbytes in [parse_bytes(s) for s in args.sizes.split(",") if s]:
@@ -54,6 +60,7 @@ def main() -> None:
         }
         calls, trials = calls_for(nbytes)
         for what, (ours, theirs) in cases.items():
+            ways = ("stream", "single copy") if what == "broadcast" else tuple(_EXCHANGE_WAYS)
             times: dict[str, list] = {name: [] for name in [*ways, "MPI"]}
             order = list(times)
             for trial in range(-(-trials // len(order)) * len(order)):  # each order alike often

@@ -328,3 +328,4 @@ def test_one_host_scripts(tmp_path):
             if not line.startswith("#")]
     assert [line.split()[0] for line in ways] == ["broadcast", "allgather", "alltoall"]
     assert all(" stream " in line and " single copy " in line and " MPI " in line for line in ways)
+    assert [" direct " in line for line in ways] == [False, True, True]  # results in the area

@@ -110,41 +110,37 @@ def test_path_times():
 
 
 def test_timed_choice():
-    """algorithms.choice.TimedChoice: each way twice in turn, then the one with the lowest of
-    its last times, each timed once more at the end of every period; a way that turns slow
-    loses the choice once its last `kept` times are slow, one that turns fast wins it at its
-    next timing; sizes of another power of two learn on their own; a period too short to time
-    every way is refused. Its docstring example runs too."""
+    """algorithms.choice.TimedChoice: each way twice in turn, each timed call right after an
+    untimed one of the same way, then the one with the lowest of its last times, each warmed
+    and timed once more at the end of every period; a way that turns slow loses the choice
+    once its last `kept` times are slow, one that turns fast wins it at its next timing; sizes
+    of another power of two learn on their own; a period too short to warm and time every way
+    is refused. Its docstring example runs too."""
     import pytest
     from conftest import check_doctests
     from fastring.algorithms import choice
     check_doctests((choice,), more_than=1)
     c = choice.TimedChoice(("a", "b"), period=6)
     cost = {"a": 1.0, "b": 2.0}
-    ran = []
-    for _ in range(18):
-        way, timed = c.pick(1000)
-        ran.append(way + ("*" if timed else ""))
-        if timed:
-            c.record(1000, way, cost[way])
-    assert ran == ["a*", "a*", "b*", "b*", "a*", "b*"] + ["a"] * 4 + ["a*", "b*"] + ["a"] * 4 + ["a*", "b*"]
+
+    def run(calls):
+        ran = []
+        for _ in range(calls):
+            way, timed = c.pick(1000)
+            ran.append(way + ("*" if timed else ""))
+            if timed:
+                c.record(1000, way, cost[way])
+        return ran
+    assert run(8) == ["a", "a*", "b", "b*"] * 2
+    assert run(12) == ["a", "a*", "b", "b*", "a", "a"] * 2  # calls 8-11 of 6-call periods timed
     cost["a"] = 3.0  # a turns slow: once its last `kept` timings are all slow, b runs
-    ran = []
-    for _ in range(6 * (c.kept + 1)):
-        way, timed = c.pick(1000)
-        ran.append(way)
-        if timed:
-            c.record(1000, way, cost[way])
-    assert "b" not in [w for i, w in enumerate(ran[:-6]) if i % 6 < 4] and ran[-6:-2] == ["b"] * 4
+    ran = run(6 * c.kept)
+    assert ran == ["a", "a*", "b", "b*", "a", "a"] * (c.kept - 1) + ["a", "a*", "b", "b*", "b", "b"]
     cost["a"] = 0.5  # a turns fast: its next timing wins it back within a period
-    for _ in range(6):
-        way, timed = c.pick(1000)
-        if timed:
-            c.record(1000, way, cost[way])
-    assert c.pick(1000) == ("a", False)
-    assert c.pick(1 << 20) == ("a", True)  # another size starts afresh
-    with pytest.raises(ValueError, match="period of 1 calls cannot time 2 ways"):
-        choice.TimedChoice(("a", "b"), period=1)
+    assert run(6)[-2:] == ["a", "a"]
+    assert c.pick(1 << 20) == ("a", False)  # another size starts afresh, warming a up
+    with pytest.raises(ValueError, match="period of 3 calls cannot time 2 ways"):
+        choice.TimedChoice(("a", "b"), period=3)
 
 
 def test_exchanges_of_one_rank():

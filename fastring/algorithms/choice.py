@@ -25,9 +25,12 @@ class TimedChoice:
     its last `kept` times runs, and each way is timed once more in the last calls of every
     `period` calls: a way that became the faster wins at its next timing, one that became
     the slower loses once its last `kept` times are all slow, and only a few calls pay for
-    timing. The times recorded must be the same on every rank (`slowest`), so that every
-    rank makes the same choices; `pick` says when a call is to be timed, and only those calls
-    pay for that agreement.
+    timing. Every timed call comes right after an untimed call of the same way: a way's
+    first call after the other way's traffic (or the first of its size) measured up to twice
+    its time (its buffers no longer in the cache), which kept the slower way chosen
+    (BENCHMARKS.md, "Round 2, session 9"). The times recorded must be the same on every rank
+    (`slowest`), so that every rank makes the same choices; `pick` says when a call is to be
+    timed, and only those calls pay for that agreement.
 
     Example:
         >>> c, seen = TimedChoice(("stream", "copy"), period=8), []
@@ -36,17 +39,18 @@ class TimedChoice:
         ...     seen.append(way[0] + ("*" if timed else ""))
         ...     if timed:
         ...         c.record(1 << 20, way, {"stream": 3e-4, "copy": 1e-4}[way])
-        >>> " ".join(seen)   # * timed: each twice, then the faster, each again every 8 calls
-        's* s* c* c* c c s* c* c c c c c c s* c*'
+        >>> " ".join(seen)   # * timed, after a call to warm up: each twice, then the faster,
+        ...                  # each again every 8 calls
+        's s* c c* s s* c c* c c c c s s* c c*'
     """
 
     kept = 3  # times kept per way: the lowest of them counts, so one slow call does not flip it
 
     def __init__(self, ways: tuple, period: int = PATH_TIMING_PERIOD_CALLS, tries: int = 2):
-        if period < len(ways) or tries < 1:
+        if period < 2 * len(ways) or tries < 1:
             raise ValueError(f"a period of {period} calls cannot time {len(ways)} ways; tries must be at least 1")
         self.ways, self.period, self.tries = tuple(ways), period, tries
-        self._timed_from = period - len(ways)  # the calls of a period from here on are timed
+        self._timed_from = period - 2 * len(ways)  # the calls of a period from here on are timed
         # power of two -> [calls, the faster way once each was tried, [times of each way]]
         self._sizes: dict[int, list] = {}
 
@@ -57,10 +61,13 @@ class TimedChoice:
             entry = self._sizes[nbytes.bit_length()] = [0, None, [[] for _ in self.ways]]
         calls, faster = entry[0], entry[1]
         entry[0] = calls + 1
-        if faster is None:
-            return next(w for w, t in zip(self.ways, entry[2]) if len(t) < self.tries), True
-        phase = calls % self.period - self._timed_from
-        return (self.ways[phase], True) if phase >= 0 else (faster, False)
+        if faster is None:  # the tries: each way warmed up and timed in turn
+            phase = calls % (2 * len(self.ways))
+        else:
+            phase = calls % self.period - self._timed_from
+            if phase < 0:
+                return faster, False
+        return self.ways[phase // 2], phase % 2 == 1
 
     def run(self, rt, nbytes: int, run_way):
         """`run_way(way)` for the way `pick` chooses, timed where `pick` says so (the slowest
