@@ -44,6 +44,12 @@ stream positions, at each writing its piece (an alltoall: a slot per destination
 own block's part while its source is in the cache, and copying the peers' pieces out as soon
 as they are published.
 
+Allgather and alltoall results may lie in the results area that follows the segment in the
+same object (`results`: blocks of each rank's part handed out by a fastring._core.pool.Arena),
+which every rank maps: then each rank publishes where its result lies, and after one barrier
+every rank writes its bytes straight into every rank's result (`_results_ready`,
+`_direct_allgather`, `_direct_alltoall`): one copy, no syscall, and a barrier to end.
+
 The segment is created by rank 0 under a name unique to the launch and unlinked as soon as
 every rank has mapped it: nothing is left in /dev/shm after any exit, SIGKILL included (the
 kernel frees the memory at the last unmap). The one moment a name exists is inside `attach`;

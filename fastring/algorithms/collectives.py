@@ -24,7 +24,9 @@ memories, allgather and alltoall at every size (up to SHM_STREAM_EXCHANGE_MAX_BY
 streamed through the ranks' rings in pieces, above it copied straight between the ranks'
 buffers: fastring/_transport/shm.pyx); broadcast streams through the root's ring up to
 SHM_STREAM_BROADCAST_MAX_BYTES, or takes the single-copy broadcast above where the calls of
-its size measured that faster (`SharedMemoryBroadcast`).
+its size measured that faster (`SharedMemoryBroadcast`). Allgather and alltoall results come
+from `rt.results`: on one host the segment's results area, into which every rank writes its
+bytes directly where every rank knows the counts (`_exchange`).
 """
 from __future__ import annotations
 
