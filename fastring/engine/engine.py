@@ -191,13 +191,7 @@ class Engine:
                 small = _fits_cycle(arr.nbytes)
                 result = _pool.empty(arr.shape, arr.dtype) if out is None else out
                 if small:
-                    known = self._lone_calls.get(name)
-                    if known is not None and known[0] is fields:
-                        h, reducer = known[1], known[2]
-                    else:
-                        h, reducer = neg.signature_hash(name, fields), neg.reducer(op, arr.dtype)
-                        if ".noname." not in name and len(self._lone_calls) < LONE_CALLS_KEPT:
-                            self._lone_calls[name] = (fields, h, reducer)
+                    h, reducer = self._lone_signature(name, fields, op, arr.dtype)
                     req = self._lone_payload(name, fields, h, arr, result, reducer, request)
                     clean = req is None
                 else:
@@ -262,10 +256,9 @@ class Engine:
                 if counts is None:
                     req = self._speculate_lone(name, fields, request)
                 else:
-                    neg = self._neg
                     summed = np.empty(counts.shape, counts.dtype)
-                    req = self._lone_payload(name, fields, neg.signature_hash(name, fields), counts, summed,
-                                             neg.reducer(ReduceOp.Sum, counts.dtype), request)
+                    h, reducer = self._lone_signature(name, fields, ReduceOp.Sum, counts.dtype)
+                    req = self._lone_payload(name, fields, h, counts, summed, reducer, request)
             except BaseException as e:  # noqa: BLE001 - every waiter must hear of it
                 self._abandon(e)
                 raise
@@ -275,6 +268,18 @@ class Engine:
         finally:
             self._cycle_lock.release()
         return self._wait_queued(req)
+
+    def _lone_signature(self, name: str, fields: tuple, op: ReduceOp, dtype: np.dtype) -> tuple:
+        """(the request's hash, the reducer of its payload: `op` over `dtype`) of a lean call,
+        remembered per name while its fields are these very ones (which fix the op and dtype)."""
+        known = self._lone_calls.get(name)
+        if known is not None and known[0] is fields:
+            return known[1], known[2]
+        neg = self._neg
+        h, reducer = neg.signature_hash(name, fields), neg.reducer(op, dtype)
+        if ".noname." not in name and len(self._lone_calls) < LONE_CALLS_KEPT:
+            self._lone_calls[name] = (fields, h, reducer)
+        return h, reducer
 
     def _lone_payload(self, name: str, fields: tuple, h: int, payload: np.ndarray, result: np.ndarray,
                       reducer, request: Callable[[str], Request]) -> Request | None:
