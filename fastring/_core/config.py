@@ -153,9 +153,10 @@ SHM_TIMED_CHOICE_MIN_BYTES = 64 * 1024
 # in shared memory that every rank on the host maps, this many bytes of it each (allocated in
 # /dev/shm at init; without room there, the segment comes without the area). Then each rank
 # writes its bytes straight into every rank's result: one copy, no syscall, one barrier before
-# and one after (np=2, 1 MiB: an alltoall 37 us against 53 streamed and 69 for MPI_Alltoall,
-# an allgather 67 against 100 and 134; BENCHMARKS.md, "Round 2, session 9"). Room for the
-# results of a 16 MiB allgather at np=2 and of a few smaller calls beside it.
+# and one after (np=2, 1 MiB: an alltoall 53-55 us against 75-87 streamed and 70-74 for
+# MPI_Alltoall, an allgather 83-90 against 134-158 and 137-146; BENCHMARKS.md, "Round 2,
+# session 9"). Room for the results of a 16 MiB allgather at np=2 and of a few smaller calls
+# beside it.
 SHM_RESULTS_BYTES = 64 << 20
 # A wait on the segment spins on loads this long (a peer in step arrives within microseconds),
 # then yields its core between loads until its spin time (WAIT_*_SPIN_SECONDS below) is up: on
