@@ -16,13 +16,13 @@ from mpi4py import MPI
 
 import fastring
 from fastring._core.runtime import runtime
-from fastring._transport.shm import EXCHANGE_DIRECT, EXCHANGE_SINGLE_COPY, EXCHANGE_STREAM
+from fastring._transport.shm import EXCHANGE_DIRECT
 from fastring.algorithms import choice, collectives
 from fastring.tools.bench import cpu_model, format_bytes, parse_bytes
 
 from bench_shm import calls_for, timed
 
-_EXCHANGE_WAYS = {"direct": EXCHANGE_DIRECT, "stream": EXCHANGE_STREAM, "single copy": EXCHANGE_SINGLE_COPY}
+_EXCHANGE_WAYS = {"direct": EXCHANGE_DIRECT, **collectives._EXCHANGE_WAYS}
 _pick, _exchange = choice.TimedChoice.pick, collectives._exchange
 
 

@@ -228,3 +228,23 @@ def test_torch_results_keep_their_type(initialized):
     assert torch.equal(out, t[:2]) and received.dtype == torch.int32 and received.tolist() == [2]
     with pytest.raises(ValueError, match="int32"):
         fastring.alltoall(t, splits=torch.tensor([2]))
+
+
+def test_own_counts_are_kept_apart_by_kind():
+    """The lean path's cycle payloads: an allgather's row count and an alltoall's equal split
+    of as many rows each are different payloads; splits the caller gives are built afresh."""
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from fastring.api import collectives as api
+    rt = SimpleNamespace(size=3, rank=1)
+    gathered = api._own_counts(rt, 5)
+    split = api._own_counts(rt, api._equal_rows(5, 3))
+    assert gathered.shape == (3,) and gathered.tolist() == [0, 5, 0]
+    assert split.shape == (3, 3) and split.tolist() == [[0, 0, 0], [5, 5, 5], [0, 0, 0]]
+    assert api._own_counts(rt, 5) is gathered and api._own_counts(rt, api._equal_rows(5, 3)) is split
+    given = np.array([1, 2, 3], np.int64)
+    first = api._own_counts(rt, given)
+    assert first.tolist() == [[0, 0, 0], [1, 2, 3], [0, 0, 0]] and api._own_counts(rt, given) is not first
+    assert not gathered.flags.writeable and not split.flags.writeable

@@ -139,7 +139,7 @@ def test_timed_choice():
     cost["a"] = 0.5  # a turns fast: its next timing wins it back within a period
     assert run(6)[-2:] == ["a", "a"]
     assert c.pick(1 << 20) == ("a", False)  # another size starts afresh, warming a up
-    with pytest.raises(ValueError, match="period of 3 calls cannot time 2 ways"):
+    with pytest.raises(ValueError, match="period of 3 calls cannot warm up and time 2 ways"):
         choice.TimedChoice(("a", "b"), period=3)
 
 

@@ -56,7 +56,11 @@ class Runtime:
         # which every rank on the host can write, where it has one (alike on every rank: the
         # segment's attach agrees). Small ones too: an alltoall's result is 1/N of its bytes.
         self.results = _pool.POOL if self.shm is None or self.shm.results is None else \
-            _pool.Pool(max_bytes=_config.SHM_RESULTS_BYTES, min_bytes=0, arena=self.shm.results)
+            _pool.Pool(max_bytes=_config.SHM_RESULTS_BYTES, min_bytes=0, arena=self.shm.results,
+                       per_size=_config.POOL_MAX_ENTRIES)  # the area's room is the limit
+        if self.shm is not None and self.shm.results is None:
+            log.debug("fastring: no results area (/dev/shm has no room for %d bytes a rank): allgather and "
+                      "alltoall stream through the segment", _config.SHM_RESULTS_BYTES)
         # per collective, which of its ways the calls measured faster (algorithms.choice); a
         # new runtime learns afresh
         self.choices: dict = {}

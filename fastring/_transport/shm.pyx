@@ -202,8 +202,9 @@ DEF PIPE_DONE = 12
 DEF PIPE_SLOTS = 2      # slots (of a tile per part) per rank's buffer, used in turn
 # In a rank's sequence line, second half: where the result of its running allgather or
 # alltoall lies in the results area (bytes from the area's start), or NO_RESULT where it
-# lies elsewhere (`_results_ready`)
-DEF RESULT_AT = 13
+# lies elsewhere (`_results_ready`), in one of two words by the parity of the barrier after
+# which it is read
+DEF RESULT_AT = 13      # and 14
 DEF NO_RESULT = -1  # as a uint64_t: no offset in the area
 
 # How allgather_rows and alltoall_rows move their bytes (`way`): by their size (streamed up to
@@ -397,6 +398,7 @@ cdef class SharedSegment:
     cdef char* results_base
     cdef readonly int64_t results_bytes
     cdef readonly object results
+    cdef int result_word       # the word the running call's offsets were published in
 
     def __dealloc__(self):
         if self.base != NULL:
@@ -508,11 +510,12 @@ cdef class SharedSegment:
         self.base = <char*> p
         if results:
             # a mapping of its own, from Python: the results handed out keep it (the arrays'
-            # memory) alive after close; its pages are touched when first used, not now
+            # memory) alive after close; its memory is allocated (posix_fallocate above), but
+            # each process maps a page only when it first touches it
             try:
                 area = pymmap.mmap(fd, results, pymmap.MAP_SHARED, pymmap.PROT_READ | pymmap.PROT_WRITE,
-                                 offset=self.length)
-            except OSError as e:
+                                   offset=self.length)
+            except (OSError, ValueError, OverflowError) as e:
                 close(fd)
                 if create:
                     shm_unlink(name)
@@ -1342,24 +1345,30 @@ cdef class SharedSegment:
     # ------------------------------------------------------------------ results area
     cdef bint _results_ready(self, uintptr_t dst, int64_t nbytes) except -1 nogil:
         """Publish where this rank's result of `nbytes` at `dst` lies in the results area (or
-        that it lies elsewhere), then one barrier: whether every rank's does, the same answer
-        on every rank. A rank publishes again only in its next allgather or alltoall, after
-        that call's negotiation cycle, which no rank passes before every rank has read these."""
+        that it lies elsewhere; an empty one, which no rank writes into, counts as in it),
+        then one barrier: whether every rank's does, the same answer on every rank. The
+        offsets go into the word of the barrier's parity: a rank that went on (the streamed
+        way does not wait for a peer it receives nothing from) publishes its next ones after
+        a barrier of the other parity, and cannot pass a third before every rank has read
+        these."""
         cdef uintptr_t mine = <uintptr_t> self.results_base + self.rank * self.results_bytes
         cdef int r
-        self._word(self.rank)[RESULT_AT] = (
-            dst - <uintptr_t> self.results_base
-            if self.results_bytes and mine <= dst and dst + nbytes <= mine + <uintptr_t> self.results_bytes
-            else <uint64_t> NO_RESULT)
+        self.result_word = RESULT_AT + <int> ((self.seq + 1) & 1)
+        if nbytes == 0:
+            self._word(self.rank)[self.result_word] = 0
+        elif self.results_bytes and mine <= dst and dst + nbytes <= mine + <uintptr_t> self.results_bytes:
+            self._word(self.rank)[self.result_word] = dst - <uintptr_t> self.results_base
+        else:
+            self._word(self.rank)[self.result_word] = <uint64_t> NO_RESULT
         self._data_arrive()
         for r in range(self.size):
-            if self._word(r)[RESULT_AT] == <uint64_t> NO_RESULT:
+            if self._word(r)[self.result_word] == <uint64_t> NO_RESULT:
                 return False
         return True
 
     cdef inline char* _result(self, int r) noexcept nogil:
         """Rank r's result, as `_results_ready` published it, in this process's mapping."""
-        return self.results_base + self._word(r)[RESULT_AT]
+        return self.results_base + self._word(r)[self.result_word]
 
     cdef int _direct_allgather(self, char* src, int64_t nbytes, int64_t at, bint streaming) except -1 nogil:
         """After `_results_ready`: this rank's `nbytes` at `src` into byte `at` of every rank's

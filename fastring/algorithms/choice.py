@@ -48,7 +48,8 @@ class TimedChoice:
 
     def __init__(self, ways: tuple, period: int = PATH_TIMING_PERIOD_CALLS, tries: int = 2):
         if period < 2 * len(ways) or tries < 1:
-            raise ValueError(f"a period of {period} calls cannot time {len(ways)} ways; tries must be at least 1")
+            raise ValueError(f"a period of {period} calls cannot warm up and time {len(ways)} ways; "
+                             "tries must be at least 1")
         self.ways, self.period, self.tries = tuple(ways), period, tries
         self._timed_from = period - 2 * len(ways)  # the calls of a period from here on are timed
         # power of two -> [calls, the faster way once each was tried, [times of each way]]

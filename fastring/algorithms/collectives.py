@@ -121,19 +121,28 @@ def _exchange(rt, collective: str, nbytes: int | None, call):
     whichever the calls of that size measured faster (`TimedChoice`: on an Intel Xeon single
     copy beat the stream at 1 and 16 MiB, the stream was chosen for the AMD Zen 3 the sizes
     were set on; BENCHMARKS.md, "Round 2, session 8"). Otherwise by size."""
-    if nbytes is None or not SHM_TIMED_CHOICE_MIN_BYTES <= nbytes <= SHM_STREAM_EXCHANGE_MAX_BYTES:
+    if not _direct_size(nbytes):
         return call(EXCHANGE_BY_SIZE)
     if rt.results.arena is not None:
         return call(EXCHANGE_DIRECT)
     return choice_of(rt, collective, _EXCHANGE_NAMES).run(rt, nbytes, lambda way: call(_EXCHANGE_WAYS[way]))
 
 
-def _by_rows(rt, known: bool) -> bool:
-    """Whether an allgather or alltoall goes through the segment's calls that learn the row
-    counts on the way (`SharedSegment.allgather_rows`, `alltoall_rows`): where the ranks may
-    copy between their memories, or where every rank `known`s the counts and the results come
-    from the segment's results area (written into directly, no such copy needed)."""
-    return rt.size > 1 and rt.shm is not None and (rt.transport.single_copy or (known and rt.results.arena is not None))
+def _direct_size(nbytes: int | None) -> bool:
+    """Whether a lean exchange of `nbytes` in all (every rank's output together; None: not
+    known alike) may choose its way, the direct one included (`_exchange`)."""
+    return nbytes is not None and SHM_TIMED_CHOICE_MIN_BYTES <= nbytes <= SHM_STREAM_EXCHANGE_MAX_BYTES
+
+
+def _by_rows(rt, nbytes: int | None) -> bool:
+    """Whether an allgather or alltoall of `nbytes` in all (None: not known alike) goes
+    through the segment's calls that learn the row counts on the way
+    (`SharedSegment.allgather_rows`, `alltoall_rows`): where the ranks may copy between their
+    memories, or where its results are written straight into the results area's (no such copy
+    needed: `_exchange`); other sizes then take the MPI paths, faster than the segment's
+    buffers without single copy."""
+    return rt.size > 1 and rt.shm is not None and (
+        rt.transport.single_copy or (_direct_size(nbytes) and rt.results.arena is not None))
 
 
 def allgather_concat(rt, arr: np.ndarray, counts: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
@@ -142,10 +151,11 @@ def allgather_concat(rt, arr: np.ndarray, counts: np.ndarray | None = None) -> t
     (the lean path's negotiation cycle carried them); otherwise, where the segment takes
     allgathers at every size, they travel in the data round's barrier
     (`SharedSegment.allgather_rows`), and elsewhere they are gathered first."""
-    if _by_rows(rt, counts is not None):
+    unit = row_bytes(arr)
+    nbytes = None if counts is None else int(counts.sum()) * unit
+    if _by_rows(rt, nbytes):
         src = arr if is_c_contiguous(arr) else np.ascontiguousarray(arr)
-        unit = row_bytes(src)
-        return _exchange(rt, "allgather", None if counts is None else int(counts.sum()) * unit,
+        return _exchange(rt, "allgather", nbytes,
                          lambda way: rt.shm.allgather_rows(
                              array_address(src), src.shape[0], unit,
                              lambda rows: rt.results.empty((int(rows.sum()),) + arr.shape[1:], arr.dtype), counts, way))
@@ -269,10 +279,11 @@ def alltoall_rows(rt, arr: np.ndarray, send_rows: np.ndarray,
     rank r's), where every rank already knows them (the lean path's negotiation cycle
     carried them)."""
     unit_bytes = row_bytes(arr)
-    if _by_rows(rt, matrix is not None):
+    nbytes = None if matrix is None else int(matrix.sum()) * unit_bytes
+    if _by_rows(rt, nbytes):
         # unless known, the row counts travel in the data round's barrier (SharedSegment.alltoall_rows)
         src = arr if is_c_contiguous(arr) else np.ascontiguousarray(arr[:int(send_rows.sum())])
-        recv_rows, out = _exchange(rt, "alltoall", None if matrix is None else int(matrix.sum()) * unit_bytes,
+        recv_rows, out = _exchange(rt, "alltoall", nbytes,
                                    lambda way: rt.shm.alltoall_rows(
                                        array_address(src), send_rows, unit_bytes,
                                        lambda rows: rt.results.empty((int(rows.sum()),) + arr.shape[1:], arr.dtype),

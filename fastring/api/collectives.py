@@ -94,8 +94,9 @@ def _run(rt: Runtime, kind: str, name: str, fields: tuple, nbytes: int, execute:
     return rt.engine.run(request(name)) if result is None else result
 
 
-# (ranks, rank, this rank's row counts) -> their cycle payload (read-only, shared: building it
-# cost 3-4 us a call)
+# (ranks, rank, this rank's row count or equal split) -> their cycle payload (read-only,
+# shared: building it cost 3-4 us a call); splits given by the caller, which may change every
+# call, are not kept
 _OWN_COUNTS: dict[tuple, np.ndarray | None] = {}
 
 
@@ -103,8 +104,9 @@ def _own_counts(rt: Runtime, mine) -> np.ndarray | None:
     """This rank's row counts as a cycle's payload: `mine` (an int, or send_rows) in row
     `rt.rank` of zeros for every rank, whose sum over the ranks is every rank's counts; None
     where they would not fit in a cycle."""
-    key = (rt.size, rt.rank, mine if type(mine) is int else mine.tobytes())
-    counts = _OWN_COUNTS.get(key, False)
+    kept = type(mine) is int or not mine.flags.writeable  # a row count, or _equal_rows' split
+    key = (rt.size, rt.rank, mine if type(mine) is int else ("split", int(mine[0]))) if kept else None
+    counts = _OWN_COUNTS.get(key, False) if kept else False
     if counts is False:
         counts = np.zeros((rt.size,) if type(mine) is int else (rt.size, rt.size), np.int64)
         if InCycle.fits(counts.nbytes):
@@ -112,7 +114,7 @@ def _own_counts(rt: Runtime, mine) -> np.ndarray | None:
             counts.flags.writeable = False
         else:
             counts = None
-        if len(_OWN_COUNTS) < ROWS_FIELDS_KEPT:
+        if kept and len(_OWN_COUNTS) < ROWS_FIELDS_KEPT:
             _OWN_COUNTS[key] = counts
     return counts
 

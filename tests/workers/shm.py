@@ -468,19 +468,21 @@ def results_area(tag):
     """Lean allgathers and alltoalls whose results come from the segment's results area, each
     rank writing its bytes straight into every rank's result: exact, with uneven rows, at the
     smallest size that goes so and across several of the rank's tiles; results in the area;
-    a result the caller holds neither handed out again nor written by the next call; one rank
-    whose area has no room left (its result on the heap) sends every rank the streamed way,
-    alike, with exact results."""
+    a result the caller holds neither handed out again nor written by the next call; a rank
+    that sends nothing and receives nothing from one rank (its result empty in the
+    alltoall); one rank whose area has no room left (its result on the heap) sends every
+    rank the streamed way, alike, with exact results."""
     arena = rt.results.arena
     c.CHECKS.check(arena is not None and rt.shm.results is arena, f"no results area {tag}: {rt.results}")
     if arena is None:
         return
     per_rank = [SHM_TIMED_CHOICE_MIN_BYTES // 8 // N + 1, 3 * (1 << 20) // 8 // N + 5]  # int64 items
 
-    def calls(k, what):
-        parts = [c.rank_input(np.dtype(np.int64), (per_rank[k % 2] + 7 * r,), r, 700 + k) for r in range(N)]
+    def calls(k, what, idle=-1):
+        parts = [c.rank_input(np.dtype(np.int64), ((r != idle) * (per_rank[k % 2] + 7 * r),), r, 700 + k)
+                 for r in range(N)]
         got = fastring.allgather(parts[R], name=f"area ag {k % 2}")
-        to = lambda r, j: per_rank[k % 2] // N + 5 * j + 3 * r  # noqa: E731
+        to = lambda r, j: (idle not in (r, j)) * (per_rank[k % 2] // N + 5 * j + 3 * r)  # noqa: E731
         inputs = [c.rank_input(np.dtype(np.int64), (sum(to(r, j) for j in range(N)),), r, 800 + k) for r in range(N)]
         starts = [np.cumsum([0] + [to(r, j) for j in range(N)]) for r in range(N)]
         moved, received = fastring.alltoall(inputs[R], splits=[to(R, j) for j in range(N)], name=f"area a2a {k % 2}")
@@ -489,18 +491,19 @@ def results_area(tag):
                  np.concatenate([inputs[r][starts[r][R]:starts[r][R + 1]] for r in range(N)]))]
 
     held = [calls(k, "direct") for k in range(4)]  # every result held: each call a new block
+    held.append(calls(5, "direct, the last rank idle", idle=V))
     for results in held:
         for what, got, expect in results:
             c.check_close(what, got, expect, 0)  # after every later call wrote its results
             c.CHECKS.check(arena.holds(got), f"{what}: the result lies outside the area")
-    addresses = [got.ctypes.data for results in held for _, got, _ in results]
+    addresses = [got.ctypes.data for results in held for _, got, _ in results if got.size]
     c.CHECKS.check(len(set(addresses)) == len(addresses), f"held results share memory {tag}")
     del held
     saved = rt.results
     try:
-        full = fastring._core.pool.Arena(arena._buffer, R * rt.shm.results_bytes, 4096)
+        full = fastring._core.pool.Arena(arena._buffer, R * rt.shm.results_bytes, 0)
         rt.results = fastring._core.pool.Pool(arena=full) if R == V else saved
-        results = calls(4, "one rank's area full") + calls(5, "one rank's area full")
+        results = calls(6, "one rank's area full") + calls(7, "one rank's area full")
     finally:
         rt.results = saved
     for what, got, expect in results:
@@ -755,6 +758,7 @@ src_address = 4096 if R == N - 1 else array_address(send)
 c.expect_error("a failed single copy", lambda: shm.alltoallv(src_address, matrix, displs, array_address(received),
                                                              displs), fastring.FastringError, "Bad address", "off")
 c.CHECKS.check(not rt.transport.single_copy, "single copy is still on after a copy failed")
+results_area("without single copy")
 
 # Without single copy the same calls go through the segment's buffers: a buffer's worth and
 # N + 1 elements more (the allreduce pipelined, or in rounds where oversubscribed: np=3 on two
