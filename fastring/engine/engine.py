@@ -187,7 +187,6 @@ class Engine:
                 if self._pending or self._keep_cycling:
                     return None
                 name = name or self.auto_name("allreduce")
-                neg = self._neg
                 small = _fits_cycle(arr.nbytes)
                 result = _pool.empty(arr.shape, arr.dtype) if out is None else out
                 if small:
