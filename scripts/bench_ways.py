@@ -60,7 +60,7 @@ def main() -> None:
         }
         calls, trials = calls_for(nbytes)
         for what, (ours, theirs) in cases.items():
-            ways = ("stream", "single copy") if what == "broadcast" else tuple(_EXCHANGE_WAYS)
+            ways = collectives.SharedMemoryBroadcast.ways if what == "broadcast" else tuple(_EXCHANGE_WAYS)
             times: dict[str, list] = {name: [] for name in [*ways, "MPI"]}
             order = list(times)
             for trial in range(-(-trials // len(order)) * len(order)):  # each order alike often

@@ -490,8 +490,8 @@ cdef class SharedSegment:
         if create:
             # fallocate, not only ftruncate: a full /dev/shm must fail here, not with SIGBUS on
             # the first touch of a page; without room for the results area, the segment alone
-            err = posix_fallocate(fd, 0, self.length + results) if results else -1
-            if err != 0:
+            err = posix_fallocate(fd, 0, self.length + results)
+            if err != 0 and results:
                 self.results_bytes = results = 0
                 err = posix_fallocate(fd, 0, self.length)
             if err != 0:

@@ -117,10 +117,10 @@ def _exchange(rt, collective: str, nbytes: int | None, call):
     whose result comes from `rt.results`. Where every rank knows the call's bytes alike
     (`nbytes`, the lean path's): where results come from the segment's results area (alike on
     every rank), written straight into every rank's result (streamed where one has no room
-    there); otherwise streamed or by single copy,
-    whichever the calls of that size measured faster (`TimedChoice`: on an Intel Xeon single
-    copy beat the stream at 1 and 16 MiB, the stream was chosen for the AMD Zen 3 the sizes
-    were set on; BENCHMARKS.md, "Round 2, session 8"). Otherwise by size."""
+    there); otherwise streamed or by single copy, whichever the calls of that size measured
+    faster (`TimedChoice`: on an Intel Xeon single copy beat the stream at 1 and 16 MiB, the
+    stream was chosen for the AMD Zen 3 the sizes were set on; BENCHMARKS.md, "Round 2,
+    session 8"). Otherwise by size."""
     if not _direct_size(nbytes):
         return call(EXCHANGE_BY_SIZE)
     if rt.results.arena is not None:

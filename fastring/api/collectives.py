@@ -106,7 +106,7 @@ def _own_counts(rt: Runtime, mine) -> np.ndarray | None:
     where they would not fit in a cycle."""
     kept = type(mine) is int or not mine.flags.writeable  # a row count, or _equal_rows' split
     key = (rt.size, rt.rank, mine if type(mine) is int else ("split", int(mine[0]))) if kept else None
-    counts = _OWN_COUNTS.get(key, False) if kept else False
+    counts = _OWN_COUNTS.get(key, False)  # None, the key of splits not kept, is never stored
     if counts is False:
         counts = np.zeros((rt.size,) if type(mine) is int else (rt.size, rt.size), np.int64)
         if InCycle.fits(counts.nbytes):
