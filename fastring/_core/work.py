@@ -3,7 +3,7 @@ shown (`Entry`), the reduction's parameters (`AllreduceWork`), and the arithmeti
 algorithm applies around the reduction (prescale, Average's division, postscale)."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -25,28 +25,19 @@ class Entry:
 
 @dataclass(eq=False, slots=True)
 class AllreduceWork:
+    """How an allreduce reduces: the same for every request of one signature, so that the
+    api shares one object between them (the tensors are the request's, `Request.entries`)."""
     spec: DtypeSpec
     op: ReduceOp
     prescale: float
     postscale: float
-    entries: list[Entry]
-    grouped: bool  # the handle returns a list
     compression: Compressor = Compression.none
-    device: str = "cpu"  # "cuda": entries hold device arrays (fastring/algorithms/device.py)
-    block: np.ndarray | None = None  # flat buffer that the entries' work arrays tile, if any
+    device: str = "cpu"  # "cuda": the requests' entries hold device arrays (fastring/algorithms/device.py)
+    key: tuple = field(init=False, default=())  # what requests must share to be fused into one batch (set from the above)
 
-    def own_buffer(self) -> np.ndarray | None:
-        """The contiguous buffer this request can be reduced in without a fusion buffer:
-        its block, or its single entry's work array; None if it must be packed."""
-        if self.block is not None:
-            return self.block
-        if len(self.entries) == 1:
-            return self.entries[0].work.reshape(-1)
-        return None
-
-    def key(self) -> tuple:
-        return (self.spec.name, int(self.op), self.prescale, self.postscale, self.compression.name,
-                self.device)
+    def __post_init__(self):
+        self.key = ("allreduce", self.spec.name, int(self.op), self.prescale, self.postscale,
+                    self.compression.name, self.device)
 
     @property
     def splits_average(self) -> bool:
@@ -82,6 +73,29 @@ class AllreduceWork:
 
 
 _INT64 = np.dtype(np.int64)
+
+# (dtype name, op, prescale, postscale, compressor, device) -> its AllreduceWork
+_WORKS: dict[tuple, AllreduceWork] = {}
+WORKS_KEPT = 1024  # distinct reductions remembered (then built each call)
+
+
+def work_of(spec: DtypeSpec, op: ReduceOp, prescale: float, postscale: float,
+            compression: Compressor = Compression.none, device: str = "cpu") -> AllreduceWork:
+    """The AllreduceWork of these parameters, one object for all the requests that share
+    them: building one costs more than the lookup, on every call of the hot paths.
+
+    Example:
+        >>> f32 = spec_of(np.float32)
+        >>> work_of(f32, ReduceOp.Sum, 1.0, 1.0) is work_of(f32, ReduceOp.Sum, 1.0, 1.0)
+        True
+    """
+    key = (spec.name, op, prescale, postscale, compression, device)
+    work = _WORKS.get(key)
+    if work is None:
+        work = AllreduceWork(spec, op, prescale, postscale, compression, device)
+        if len(_WORKS) < WORKS_KEPT:
+            _WORKS[key] = work
+    return work
 
 
 def nothing(view: np.ndarray) -> None:
@@ -135,13 +149,13 @@ def prescale(work: AllreduceWork, flat: np.ndarray, size: int) -> None:
         kernels.divide_into(flat, size)
 
 
-def pack(work: AllreduceWork, flat: np.ndarray, size: int) -> None:
-    """Copy the work's inputs, one after another, into `flat` (its accumulator dtype, its
-    reduced count) and scale them as they must be before the reduction."""
-    count = sum(e.src.size for e in work.entries)
+def pack(work: AllreduceWork, entries: list[Entry], flat: np.ndarray, size: int) -> None:
+    """Copy the entries' inputs, one after another, into `flat` (the work's accumulator dtype,
+    its reduced count) and scale them as they must be before the reduction."""
+    count = sum(e.src.size for e in entries)
     inputs = flat[:count]
     offset = 0
-    for e in work.entries:
+    for e in entries:
         n = e.src.size
         np.copyto(inputs[offset:offset + n].reshape(e.src.shape), e.src, casting="unsafe")
         offset += n
@@ -151,7 +165,7 @@ def pack(work: AllreduceWork, flat: np.ndarray, size: int) -> None:
 
 
 def unpack(work: AllreduceWork, flat: np.ndarray, size: int) -> np.ndarray:
-    """The reduced values of the work's tensors, one after another, from its part of the
+    """The reduced values of a request's tensors, one after another, from its part of the
     reduced buffer (an integer Average: joined into the mean, postscaled)."""
     if not work.splits_average:
         return flat

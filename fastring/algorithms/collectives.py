@@ -45,7 +45,7 @@ from .._core.config import (BROADCAST_CHAIN_BYTES, BROADCAST_SEGMENT_BYTES, BROA
                             SHM_STREAM_EXCHANGE_MAX_BYTES, SHM_TIMED_CHOICE_MIN_BYTES)
 from .._core.dtypes import spec_of
 from .._core.ops import KERNEL_OP, ReduceOp
-from .._core.work import AllreduceWork, finalizer, predivides, prescale, split_for_average, unpack
+from .._core.work import AllreduceWork, finalizer, predivides, prescale, split_for_average, unpack, work_of
 from .._transport import (array_address, chain_broadcast, is_c_contiguous, pairwise_alltoall,
                           ring_reduce_scatter_into, single_copy_broadcast, tree_broadcast)
 from .._transport.shm import EXCHANGE_BY_SIZE, EXCHANGE_DIRECT, EXCHANGE_SINGLE_COPY, EXCHANGE_STREAM
@@ -357,7 +357,7 @@ def _exact_average_rows(rt, arr: np.ndarray, work: AllreduceWork, counts: np.nda
     split_for_average(inputs, rt.size, wide)
     # row r: [its quotients | its remainders], so that a row's parts stay together
     interleaved = np.concatenate([wide[:arr.size].reshape(rows, width), wide[arr.size:].reshape(rows, width)], axis=1)
-    summed = reduce_scatter_rows(rt, interleaved, AllreduceWork(spec_of(np.int64), ReduceOp.Sum, 1.0, 1.0, [], False),
+    summed = reduce_scatter_rows(rt, interleaved, work_of(spec_of(np.int64), ReduceOp.Sum, 1.0, 1.0),
                                  counts)
     mine = summed.shape[0]
     parts = np.concatenate([summed[:, :width].reshape(-1), summed[:, width:].reshape(-1)])

@@ -46,14 +46,14 @@ class _Layout:
     counts: list[int] = field(default_factory=list)  # elements per request
 
 
-def _layout(works: list[AllreduceWork]) -> _Layout:
-    work = works[0]
+def _layout(requests: list) -> _Layout:
+    work = requests[0].allreduce
     wire = work.compression.wire
     bf16 = wire is None and work.spec.dtype == BFLOAT16
     acc = work.accumulator
     per_element = 2 if work.splits_average else 1  # quotient and remainder
     return _Layout(work, acc, U16 if bf16 else acc, BFLOAT16 if bf16 else None, wire,
-                   [per_element * sum(e.src.size for e in w.entries) for w in works])
+                   [per_element * sum(e.src.size for e in r.entries) for r in requests])
 
 
 def _own_format(spec: DtypeSpec) -> str | None:
@@ -76,19 +76,18 @@ def _as_device(entry: Entry, stream: Any) -> Entry:
 class _Batch:
     """One fused batch on the device: pack, ring, unpack."""
 
-    def __init__(self, rt: Any, state: DeviceState, names: list[str], works: list[AllreduceWork],
-                 phase: Phase):
-        self.rt, self.state, self.names, self.works, self.phase = rt, state, names, works, phase
-        self.lay = _layout(works)
+    def __init__(self, rt: Any, state: DeviceState, names: list[str], requests: list, phase: Phase):
+        self.rt, self.state, self.names, self.requests, self.phase = rt, state, names, requests, phase
+        self.lay = _layout(requests)
         self.kc = _kernels()
         self.up, self.down = state.streams
-        self.entries = [[_as_device(e, self.up) for e in w.entries] for w in works]
+        self.entries = [[_as_device(e, self.up) for e in r.entries] for r in requests]
 
     # ------------------------------------------------------------ pack / unpack
     def buffer(self) -> tuple[Any, bool]:
         """(the 1-D buffer to reduce in, whether it is the lone output itself)."""
         lay = self.lay
-        if (len(self.works) == 1 and len(self.entries[0]) == 1 and lay.acc == self.lay.work.spec.dtype
+        if (len(self.requests) == 1 and len(self.entries[0]) == 1 and lay.acc == self.lay.work.spec.dtype
                 and not lay.work.splits_average):
             e = self.entries[0][0]
             if e.src is not e.work and e.src.size:
@@ -139,16 +138,17 @@ class _Batch:
         if not pack:
             flat.copy_to_host(host, stream=self.up)
             self.up.synchronize()
-        for w, entries in zip(self.works, self.entries):
+        work = self.lay.work
+        for entries in self.entries:
             n = sum(e.src.size for e in entries)
             parts = host[offset:offset + 2 * n]
             offset += 2 * n
             if pack:
                 values = np.concatenate([e.src.copy_to_host().reshape(-1) for e in entries]).astype(np.int64)
-                prescale_host(w, values, size)
+                prescale_host(work, values, size)
                 split_for_average(values, size, parts)
                 continue
-            mean, at = unpack(w, parts, size), 0
+            mean, at = unpack(work, parts, size), 0
             for e in entries:
                 e.work.copy_to_device(np.ascontiguousarray(mean[at:at + e.work.size], e.work.dtype))
                 at += e.work.size
@@ -204,8 +204,8 @@ class _Batch:
     def run(self) -> list:
         """Reduce the batch; return each work's result (a list for a grouped one)."""
         with self.phase("pack"):
-            for w in self.works:
-                for e in w.entries:
+            for r in self.requests:
+                for e in r.entries:
                     ready = getattr(e, "ready", None)
                     if ready is not None:
                         ready.synchronize()
@@ -218,9 +218,9 @@ class _Batch:
                 self.move(flat, pack=False)
             self.up.synchronize()
         results = []
-        for w, entries in zip(self.works, self.entries):
+        for r, entries in zip(self.requests, self.entries):
             mine = [e.result for e in entries]
-            results.append(mine if w.grouped else mine[0])
+            results.append(mine if r.grouped else mine[0])
         return results
 
 
@@ -394,10 +394,9 @@ def _kernels():
     return kernels.cuda_kernels()
 
 
-def reduce_batch(rt: Any, names: list[str], works: list[AllreduceWork],
-                 phase: Phase) -> list:
-    """Reduce a batch of device allreduces of one key (the same batch, in the same order, on
-    every rank); return each one's result (a list for a grouped one).
+def reduce_batch(rt: Any, names: list[str], requests: list, phase: Phase) -> list:
+    """Reduce a batch of device allreduce requests of one key (the same batch, in the same
+    order, on every rank); return each one's result (a list for a grouped one).
 
     Called by the engine; users call fastring.allreduce on a device tensor.
 
@@ -406,7 +405,7 @@ def reduce_batch(rt: Any, names: list[str], works: list[AllreduceWork],
         >>> fastring.allreduce(cuda.to_device(np.ones(2)), op=fastring.Sum)       # doctest: +SKIP
         array([1., 1.])
     """
-    if not works:
+    if not requests:
         return []
     state = state_of(rt)
     cuda = numba_cuda()
@@ -414,7 +413,7 @@ def reduce_batch(rt: Any, names: list[str], works: list[AllreduceWork],
     with cuda.gpus[device]:
         if state.streams is None:
             state.streams = (cuda.stream(), cuda.stream())
-        return _Batch(rt, state, names, works, phase).run()
+        return _Batch(rt, state, names, requests, phase).run()
 
 
 class DeviceRing:

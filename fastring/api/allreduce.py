@@ -15,7 +15,7 @@ from .._core.dtypes import SUPPORTED, DtypeSpec, spec_of
 from .._core.ops import OP_NAMES, ReduceOp, as_reduce_op
 from .._core.runtime import Runtime, runtime
 from .._core.tensor import as_array, host_view, like
-from .._core.work import AllreduceWork, Entry
+from .._core.work import AllreduceWork, Entry, work_of
 from .._transport import group_of
 from ..algorithms import InCycle
 from ..engine import Handle, Request
@@ -60,20 +60,20 @@ def _fields(kind: str, spec: DtypeSpec, shapes: tuple, op: ReduceOp, prescale: f
     return fields
 
 
-# (dtype, shape, op), and for a grouped one (dtype, shapes, op, kind) -> (spec, fields) of a plain
-# allreduce, for _plain_plan and _plan
+# (dtype, shape, op), and for a grouped one (dtype, shapes, op, kind) -> (spec, fields, work) of a
+# plain allreduce, for _plain_plan and _plan
 _PLANS: dict[tuple, tuple] = {}
 
 
-def _plain_plan(arr: np.ndarray, op: ReduceOp) -> tuple[DtypeSpec, tuple] | None:
-    """(spec, fields) of a plain (no compression, no scale factors) allreduce of `arr` that
+def _plain_plan(arr: np.ndarray, op: ReduceOp) -> tuple[DtypeSpec, tuple, AllreduceWork] | None:
+    """(spec, fields, work) of a plain (no compression, no scale factors) allreduce of `arr` that
     passes every check as it is, or None where the general path must look (an error, or an
     Average that is not a plain sum then division). One lookup per call on the hot paths."""
     plan = _PLANS.get((arr.dtype, arr.shape, op))
     return plan if plan is not None else _plan("allreduce", arr.dtype, arr.shape, op)
 
 
-def _plan(kind: str, dtype: np.dtype, shape: tuple, op: ReduceOp) -> tuple[DtypeSpec, tuple] | None:
+def _plan(kind: str, dtype: np.dtype, shape: tuple, op: ReduceOp) -> tuple[DtypeSpec, tuple, AllreduceWork] | None:
     """`_plain_plan` of a `kind` of allreduce (a grouped one: `shape` holds every shape)."""
     key = (dtype, shape, op) if kind == "allreduce" else (dtype, shape, op, kind)
     plan = _PLANS.get(key)
@@ -81,7 +81,7 @@ def _plan(kind: str, dtype: np.dtype, shape: tuple, op: ReduceOp) -> tuple[Dtype
         spec = SUPPORTED.get(dtype)
         if spec is None or (op == ReduceOp.Average and (not spec.is_float or spec.is_16bit_float)):
             return None
-        plan = (spec, _fields(kind, spec, shape, op, 1.0, 1.0, Compression.none))
+        plan = (spec, _fields(kind, spec, shape, op, 1.0, 1.0, Compression.none), work_of(spec, op, 1.0, 1.0))
         if len(_PLANS) < 1024:
             _PLANS[key] = plan
     return plan
@@ -173,10 +173,12 @@ def _allreduce_request(rt: Runtime, kind: str, tensors: Sequence, outs: Sequence
     else:
         entries, block = [entry(tensors[0], arrays[0], outs[0])], None
     engine = rt.engine
-    fields = plan[1] if plan is not None else _fields(kind, spec, shapes, op, prescale, postscale, compressor)
-    work = AllreduceWork(spec, op, prescale, postscale, entries, grouped, compressor, block=block)
-    request = Request(kind, name, fields, nbytes, Handle(engine, name), work)
-    return engine, request
+    if plan is not None:
+        fields, work = plan[1], plan[2]
+    else:
+        fields = _fields(kind, spec, shapes, op, prescale, postscale, compressor)
+        work = work_of(spec, op, prescale, postscale, compressor)
+    return engine, Request(kind, name, fields, nbytes, Handle(engine, name), work, entries, grouped, block)
 
 
 def allreduce_async(tensor, op: ReduceOp = ReduceOp.Average, *, name: str | None = None,

@@ -24,7 +24,7 @@ from .._core.errors import FastringError
 from .._core.ops import ReduceOp, as_reduce_op
 from .._core.runtime import Runtime
 from .._core.tensor import as_array, like
-from .._core.work import AllreduceWork
+from .._core.work import work_of
 from .._transport import is_c_contiguous
 from ..algorithms import InCycle, broadcast_bytes, chunk_offsets
 from ..algorithms.adasum import ADASUM_DTYPES, adasum_allreduce as _adasum
@@ -337,7 +337,7 @@ def _reducescatter_request(tensor, op, name, prescale_factor, postscale_factor, 
     name = request_name(rt, "reducescatter", name)
     arr, spec = _rows_array(tensor, "reducescatter")
     check_op_for_dtype(op, spec, prescale, postscale)
-    work = AllreduceWork(spec, op, prescale, postscale, [], False)
+    work = work_of(spec, op, prescale, postscale)
 
     def execute(rt: Runtime):
         out = reduce_scatter_rows(rt, arr, work)
@@ -470,7 +470,7 @@ def _grouped_reducescatter_request(tensors, op, name, prescale_factor, postscale
         raise TypeError(f"grouped_reducescatter tensors must share one dtype, got "
                         f"{', '.join(sorted({str(a.dtype) for a in arrays}))}")
     check_op_for_dtype(op, spec, prescale, postscale)
-    work = AllreduceWork(spec, op, prescale, postscale, [], False)
+    work = work_of(spec, op, prescale, postscale)
 
     def execute(rt: Runtime):
         # One reduce-scatter of all the tensors: their elements laid out by destination rank

@@ -9,7 +9,7 @@ from .._core.device import (NUMBA_ADAPTER, DeviceEntry, adapter_of, export_like,
                             on_device, state_of, DeviceState, is_device_tensor)
 from .._core.dtypes import DtypeSpec
 from .._core.ops import ReduceOp
-from .._core.work import AllreduceWork
+from .._core.work import work_of
 from ..engine import Handle, Request
 from .validation import check_op_for_dtype, is_automatic
 
@@ -88,6 +88,6 @@ def allreduce_request(rt: Any, kind: str, tensors: Sequence, outs: Sequence, op:
     fields = (("collective", kind), ("dtype", spec.name), ("shape", shapes), ("op", op.name),
               ("prescale_factor", prescale), ("postscale_factor", postscale), ("device", "cuda"),
               ("compression", compressor.name))
-    work = AllreduceWork(spec, op, prescale, postscale, entries, grouped, compressor, device="cuda")
-    return engine, Request(kind, name, fields, nbytes, Handle(engine, name), allreduce=work)
+    work = work_of(spec, op, prescale, postscale, compressor, "cuda")
+    return engine, Request(kind, name, fields, nbytes, Handle(engine, name), work, entries, grouped)
 

@@ -520,10 +520,10 @@ class Engine:
             return 0, NO_PAYLOAD
         work = req.allreduce
         nbytes = work.reduced_nbytes(req.nbytes)
-        if not (len(work.entries) == 1 and work.prescale == 1.0 and not predivides(work, self.rt.size)
+        if not (len(req.entries) == 1 and work.prescale == 1.0 and not predivides(work, self.rt.size)
                 and not work.splits_average
-                and copy_from_array(self._neg.payload_address(words), work.entries[0].src)):
-            pack(work, self._neg.payload(words, nbytes, work.accumulator), self.rt.size)
+                and copy_from_array(self._neg.payload_address(words), req.entries[0].src)):
+            pack(work, req.entries, self._neg.payload(words, nbytes, work.accumulator), self.rt.size)
         return nbytes, self._neg.reducer(work.reduce_op, work.accumulator)
 
     def _after_exchange(self, outcome: tuple, words: int, pending: list[Request],
@@ -568,11 +568,11 @@ class Engine:
     def _finish_speculation(self, req: Request, words: int) -> None:
         """The cycle reduced `req`'s payload: finalize it and hand it out."""
         work = req.allreduce
-        e = work.entries[0]
+        e = req.entries[0]
         finalize = finalizer(work, self.rt.size)
-        if len(work.entries) == 1 and e.target is e.work and finalize is None and not work.splits_average:
+        if len(req.entries) == 1 and e.target is e.work and finalize is None and not work.splits_average:
             copy_to_array(e.work, self._neg.payload_address(words))
-            self._complete(req, [e.result] if work.grouped else e.result)
+            self._complete(req, [e.result] if req.grouped else e.result)
             return
         flat = self._neg.payload(words, work.reduced_nbytes(req.nbytes), work.accumulator)
         if finalize is not None:
@@ -684,9 +684,9 @@ class Engine:
                 work = np.empty(shape, spec.dtype)
                 entries.append(Entry(np.zeros(shape, spec.dtype), work, work, work))
             work = AllreduceWork(spec, ReduceOp[f["op"]], f["prescale_factor"], f["postscale_factor"],
-                                 entries, grouped, getattr(Compression, f["compression"]), device=f["device"])
+                                 getattr(Compression, f["compression"]), f["device"])
             nbytes = sum(e.src.nbytes for e in entries)
-            return Request(kind, name, fields, nbytes, Handle(self, name), allreduce=work)
+            return Request(kind, name, fields, nbytes, Handle(self, name), work, entries, grouped)
         if kind == "allgather":
             rows = np.empty((0,) + tuple(f["trailing_shape"]), spec.dtype)
 

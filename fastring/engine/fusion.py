@@ -46,7 +46,7 @@ class Executor:
         requests is theirs alone and goes to their handles."""
         groups: dict[tuple, list[Request]] = {}
         for r in ready:
-            key = ("allreduce",) + r.allreduce.key() if r.allreduce is not None else ("single", r.name)
+            key = r.allreduce.key if r.allreduce is not None else ("single", r.name)
             groups.setdefault(key, []).append(r)
         for key, reqs in groups.items():
             try:
@@ -90,32 +90,34 @@ class Executor:
                                       may_ride_cycle=False)
         self.running = (f"allreduce ({algorithm.name})", names)
         if getattr(algorithm, "batched", False):
-            results = algorithm.run_batch(self.rt, names, [r.allreduce for r in batch], self.phase(names))
+            results = algorithm.run_batch(self.rt, names, batch, self.phase(names))
             for r, result in zip(batch, results):
                 self.complete(r, result)
             return
-        own = work.own_buffer() if len(batch) == 1 else None
+        first = batch[0]
+        own = first.own_buffer() if len(batch) == 1 else None
         if own is not None and own.dtype == work.accumulator and not work.splits_average:
-            if not (work.block is not None and _plain(work, self.rt.size)
+            entries = first.entries
+            if not (first.block is not None and _plain(work, self.rt.size)
                     and hasattr(algorithm, "run_pieces")
                     and self._reduce_pieces(algorithm, self._plain_reduction(names, own, work),
-                                            [e.src for e in work.entries])):
-                src = self._unscaled_source(work, algorithm)
+                                            [e.src for e in entries])):
+                src = self._unscaled_source(first, algorithm)
                 if src is None:
                     with self.timeline.span(names, "pack"):
-                        if work.block is not None:
+                        if first.block is not None:
                             # one memcpy-speed call; a loop of np.copyto costs twice as much at 100 tensors
-                            np.concatenate([e.src for e in work.entries], axis=None, out=own)
-                        elif work.entries[0].src is not work.entries[0].work:
-                            np.copyto(work.entries[0].work, work.entries[0].src)
+                            np.concatenate([e.src for e in entries], axis=None, out=own)
+                        elif entries[0].src is not entries[0].work:
+                            np.copyto(entries[0].work, entries[0].src)
                         prescale(work, own, self.rt.size)
-                        self._feed_back_error(batch[0], own)
+                        self._feed_back_error(first, own)
                 self.reduce(algorithm, names, own, work, src)
-            for e in work.entries:
+            for e in entries:
                 if e.target is not e.work:
                     np.copyto(e.target, e.work)
-            results = [e.result for e in work.entries]
-            self.complete(batch[0], results if work.grouped else results[0])
+            results = [e.result for e in entries]
+            self.complete(first, results if first.grouped else results[0])
             return
         accumulator = work.accumulator
         counts = [n // accumulator.itemsize for n in sizes]
@@ -123,30 +125,30 @@ class Executor:
         # A batch of plain tensors (the common case: gradients) packs in one call; one
         # pack() per tensor costs microseconds each in Python.
         plain = (in_own_dtype and _plain(work, self.rt.size)
-                 and all(len(r.allreduce.entries) == 1 for r in batch))
+                 and all(len(r.entries) == 1 for r in batch))
         # (the Reduction and the list of inputs are built only for an algorithm that reads pieces)
         if not (plain and hasattr(algorithm, "run_pieces")
                 and self._reduce_pieces(algorithm, self._plain_reduction(names, flat, work),
-                                        [r.allreduce.entries[0].src for r in batch])):
+                                        [r.entries[0].src for r in batch])):
             with self.timeline.span(names, "pack"):
                 if plain:
-                    np.concatenate([r.allreduce.entries[0].src for r in batch], axis=None, out=flat)
+                    np.concatenate([r.entries[0].src for r in batch], axis=None, out=flat)
                 else:
                     offset = 0
                     for r, n in zip(batch, counts):
-                        pack(r.allreduce, flat[offset:offset + n], self.rt.size)
+                        pack(work, r.entries, flat[offset:offset + n], self.rt.size)
                         self._feed_back_error(r, flat[offset:offset + n])
                         offset += n
             self.reduce(algorithm, names, flat, work)
         if plain and not self.timeline.recording and scatter_to_arrays(
-                flat, [r.allreduce.entries[0].work for r in batch]):
+                flat, [r.entries[0].work for r in batch]):
             # the plain batch unpacks in one call too: a copy per tensor costs a microsecond
             results = []
             for r in batch:
-                e = r.allreduce.entries[0]
+                e = r.entries[0]
                 if e.target is not e.work:
                     np.copyto(e.target, e.work)
-                results.append([e.result] if r.allreduce.grouped else e.result)
+                results.append([e.result] if r.grouped else e.result)
             self.complete_all(batch, results)
             return
         offset = 0
@@ -186,12 +188,12 @@ class Executor:
         return algorithms.Reduction(flat, work.reduced_spec, work.reduce_op, finalizer(work, self.rt.size) or nothing,
                                     self.phase(names))
 
-    def _unscaled_source(self, work: AllreduceWork, algorithm) -> np.ndarray | None:
+    def _unscaled_source(self, req: Request, algorithm) -> np.ndarray | None:
         """The input a lone allreduce is reduced from where it lies (the ring and the
         compressed ring read it directly, scaling as they read under compression), or None
         when it must be copied and scaled into the output first."""
-        e = work.entries[0]
-        if len(work.entries) != 1 or not is_c_contiguous(e.src):
+        work, e = req.allreduce, req.entries[0]
+        if len(req.entries) != 1 or not is_c_contiguous(e.src):
             return None
         if _compresses(algorithm, work):
             # error feedback must change the input before the ring reads it
@@ -239,12 +241,12 @@ class Executor:
         with self.timeline.span(req.name, "unpack"):
             values = unpack(req.allreduce, flat, self.rt.size)
             offset = 0
-            for e in req.allreduce.entries:
+            for e in req.entries:
                 n = e.work.size
                 np.copyto(e.target, values[offset:offset + n].reshape(e.target.shape), casting="unsafe")
                 offset += n
-        entries = req.allreduce.entries
-        self.complete(req, [e.result for e in entries] if req.allreduce.grouped else entries[0].result)
+        entries = req.entries
+        self.complete(req, [e.result for e in entries] if req.grouped else entries[0].result)
 
 
 def _compresses(algorithm, work: AllreduceWork) -> bool:

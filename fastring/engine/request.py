@@ -5,7 +5,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from .. import algorithms
-from .._core.work import AllreduceWork
+from .._core.work import AllreduceWork, Entry
 
 
 class Handle:
@@ -55,12 +55,24 @@ class Request:
     fields: tuple
     nbytes: int
     handle: Handle
-    allreduce: AllreduceWork | None = None
+    allreduce: AllreduceWork | None = None  # an allreduce: how it reduces...
+    entries: list[Entry] | tuple = ()       # ...which tensors...
+    grouped: bool = False                   # ...whether the handle returns a list...
+    block: Any = None                       # ...and the flat buffer their work arrays tile, if any
     execute: Callable | None = None  # other collectives: execute(runtime) -> result
     submitted: float = 0.0
     signature_hash: int = 0
     next_report: float = float("inf")  # when the stall inspector looks at it next
     _rides_cycle: bool | None = None
+
+    def own_buffer(self):
+        """The contiguous buffer this allreduce can be reduced in without a fusion buffer:
+        its block, or its single entry's work array; None if it must be packed."""
+        if self.block is not None:
+            return self.block
+        if len(self.entries) == 1:
+            return self.entries[0].work.reshape(-1)
+        return None
 
     @property
     def rides_cycle(self) -> bool:
