@@ -16,7 +16,7 @@ from .._core.ops import OP_NAMES, ReduceOp, as_reduce_op
 from .._core.runtime import Runtime, runtime
 from .._core.tensor import as_array, host_view, like
 from .._core.work import AllreduceWork, Entry, work_of
-from .._transport import group_of
+from .._transport import group_of, is_writable_c_contiguous
 from ..algorithms import InCycle
 from ..engine import Handle, Request
 from .process_sets import global_rank, runtime_of
@@ -85,6 +85,32 @@ def _plan(kind: str, dtype: np.dtype, shape: tuple, op: ReduceOp) -> tuple[Dtype
         if len(_PLANS) < 1024:
             _PLANS[key] = plan
     return plan
+
+
+def _plain_args(op, name, compression, prescale_factor, postscale_factor) -> bool:
+    """Whether a call's arguments are those of a plain allreduce (a ReduceOp, no compression,
+    no scale factors) that passes their checks as they are: the lean paths may take it."""
+    return (type(op) is ReduceOp and compression is Compression.none and (name is None or type(name) is str)
+            and type(prescale_factor) is float and prescale_factor == 1.0
+            and type(postscale_factor) is float and postscale_factor == 1.0)
+
+
+def _plain_request(rt: Runtime, tensor, arr: np.ndarray, op: ReduceOp, name: str | None, out) -> Request | None:
+    """The Request of a plain allreduce of host array `arr` (`tensor`'s memory) into a new
+    tensor (`out` None) or in place (`out` is `tensor`), built from its cached plan with no
+    other check; None where the general path must build it (and raise any error)."""
+    plan = _plain_plan(arr, op)
+    if plan is None:
+        return None
+    if out is None:
+        e = entry(tensor, arr, None)
+    elif is_writable_c_contiguous(arr):
+        e = Entry(arr, arr, arr, tensor)  # in place (what `entry` would find, unchecked)
+    else:
+        return None
+    engine = rt.engine
+    name = name or engine.auto_name("allreduce")
+    return Request("allreduce", name, plan[1], arr.nbytes, Handle(engine, name), plan[2], [e])
 
 
 def _lone_allreduce(arr: np.ndarray, op: ReduceOp, name: str | None, out: np.ndarray | None, process_set=None):
@@ -195,7 +221,13 @@ def allreduce_async(tensor, op: ReduceOp = ReduceOp.Average, *, name: str | None
         >>> fastring.synchronize(h)
         array([1., 1., 1.])
     """
-    engine, request = _allreduce_request(runtime_of(process_set), "allreduce", [tensor], [out], op, name,
+    rt = runtime_of(process_set)
+    if (out is None or out is tensor) and _plain_args(op, name, compression, prescale_factor, postscale_factor):
+        arr = tensor if type(tensor) is np.ndarray else host_view(tensor)
+        request = _plain_request(rt, tensor, arr, op, name, out) if arr is not None else None
+        if request is not None:
+            return rt.engine.submit(request)
+    engine, request = _allreduce_request(rt, "allreduce", [tensor], [out], op, name,
                                          compression, prescale_factor, postscale_factor, grouped=False)
     return engine.submit(request)
 
@@ -218,9 +250,7 @@ def allreduce(tensor, op: ReduceOp = ReduceOp.Average, *, name: str | None = Non
         >>> fastring.allreduce(np.ones(4), op=fastring.Sum)   # on 1 rank
         array([1., 1., 1., 1.])
     """
-    if (type(op) is ReduceOp and compression is Compression.none and (name is None or type(name) is str)
-            and type(prescale_factor) is float and prescale_factor == 1.0
-            and type(postscale_factor) is float and postscale_factor == 1.0):
+    if _plain_args(op, name, compression, prescale_factor, postscale_factor):
         # numpy arrays, and host tensors of any framework viewed as numpy arrays
         arr = tensor if type(tensor) is np.ndarray else _host_view(tensor)
         dst = out if out is None or type(out) is np.ndarray else arr if out is tensor else _host_view(out)
@@ -265,9 +295,7 @@ def grouped_allreduce(tensors: Sequence, op: ReduceOp = ReduceOp.Average, *, nam
         [array([1., 1.]), array([1.])]
     """
     tensors = _tensor_list(tensors)
-    if (type(op) is ReduceOp and compression is Compression.none and (name is None or type(name) is str)
-            and type(prescale_factor) is float and prescale_factor == 1.0
-            and type(postscale_factor) is float and postscale_factor == 1.0):
+    if _plain_args(op, name, compression, prescale_factor, postscale_factor):
         results = _lone_grouped(tensors, op, name, process_set)
         if results is not None:
             return results
