@@ -158,3 +158,26 @@ def test_scatter_to_arrays_fills_every_array_or_none():
         assert not any(t.any() for t in targets)  # nothing was copied
     with pytest.raises(TypeError):
         scatter_to_arrays(flat, [a, [1.0]])
+
+
+def test_cache_bits_land_in_their_words_and_read_back_in_order():
+    """A cycle's cache bits: each set bit in its word of the ready (AND) and pending (OR)
+    vectors, and the ready ones read back in increasing order, across word boundaries."""
+    from fastring._core.runtime import runtime
+    from fastring.engine.negotiation import HEADER_WORDS, set_bits
+
+    fastring.init()
+    neg = runtime().engine._neg
+    words, bits = 3, [130, 0, 63, 64, 5, 191]
+    neg.clear_bits(words)
+    try:
+        neg.set_cached(bits, words)
+        block = neg.block
+        assert block[HEADER_WORDS:HEADER_WORDS + words].tolist() == [
+            1 | 1 << 5 | 1 << 63, 1, 1 << 2 | 1 << 63]
+        assert block[HEADER_WORDS + words:HEADER_WORDS + 2 * words].tolist() == \
+            block[HEADER_WORDS:HEADER_WORDS + words].tolist()
+        assert neg.ready_bits(words) == sorted(bits)
+        assert set_bits(np.zeros(2, np.uint64)) == []
+    finally:
+        neg.clear_bits(words)

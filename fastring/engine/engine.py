@@ -39,7 +39,7 @@ from .._transport import (SPECULATION_FAILED, copy_from_array, copy_to_array, ex
 from .fusion import Executor
 from .negotiation import (HAS_UNCACHED, LEAVING, LEFT_RANK_SHIFT, NO_PAYLOAD, WANT_REPORT, Negotiation,
                           describe_mismatch, is_clean, leaving_flags, ranks_leaving)
-from .request import Handle, Request
+from .request import Handle, Request, finish_all
 from .stall import DataStallReporter, StallReporter, stall_error, stall_interval
 from .timeline import Timeline
 
@@ -124,15 +124,17 @@ class Engine:
         """Queue `request` for the next cycles; returns its handle."""
         if self._broken is not None:
             raise FastringError(f"fastring cannot run collectives after: {self._broken}")
-        request.signature_hash = self._neg.signature_hash(request.name, request.fields)
-        request.submitted = time.monotonic()
-        request.next_report = request.submitted + self._first_report
+        # (its signature hash is taken when a cycle proposes it: most queued requests never are)
+        request.submitted = now = time.monotonic()
+        request.next_report = now + self._first_report
+        name = request.name
         with self._queue_lock:
-            if request.name in self._pending:
-                raise ValueError(f"a collective named '{request.name}' is already in flight; "
+            if name in self._pending:
+                raise ValueError(f"a collective named '{name}' is already in flight; "
                                  "wait for it before submitting the name again")
-            self._pending[request.name] = request
-        self.timeline.begin(request.name, "queued")
+            self._pending[name] = request
+        if self.timeline.recording:
+            self.timeline.begin(name, "queued")
         # Wake the background thread only if it waits (a burst of submissions costs one
         # wake-up, not one each): it raises _asleep before it looks at the queue, so one that
         # did not see this request yet will.
@@ -484,6 +486,8 @@ class Engine:
         reducer = NO_PAYLOAD
         if spec_req is not None:
             h = spec_req.signature_hash
+            if not h:  # never 0 once taken
+                h = spec_req.signature_hash = neg.signature_hash(spec_req.name, spec_req.fields)
             nbytes, reducer = self._write_payload(spec_req, words)
         names = [r.name for r in pending]
         with self.timeline.span(names, "negotiate"):
@@ -495,20 +499,22 @@ class Engine:
         speculative one written into the block. Returns (flags, bit -> request)."""
         cached: dict[int, Request] = {}
         flags = HAS_UNCACHED if self._join_handle is not None else 0
-        self._neg.clear_bits(words)
+        neg = self._neg
+        neg.clear_bits(words)
         if len(pending) > 1 or spec_req is None:
             now = time.monotonic()
+            cache = neg.cache
             for r in pending:
                 if now >= r.next_report:
                     flags |= WANT_REPORT
                 if r is spec_req:
                     continue
-                entry = self._neg.cache.get(r.name)
-                if entry is not None and entry[1] == r.fields:
+                entry = cache.get(r.name)
+                if entry is not None and (entry[1] is r.fields or entry[1] == r.fields):
                     cached[entry[0]] = r
                 else:
                     flags |= HAS_UNCACHED
-            self._neg.set_cached(cached, words)
+            neg.set_cached(cached, words)
         elif time.monotonic() >= spec_req.next_report:
             flags |= WANT_REPORT
         return flags, cached
@@ -645,8 +651,7 @@ class Engine:
             for req in reqs:
                 self.timeline.end(req.name, "queued")
         self._completed += len(reqs)
-        for req, result in zip(reqs, results):
-            req.handle._finish(result)
+        finish_all([req.handle for req in reqs], results)
 
     # ----------------------------------------------------------------- join
     def join(self) -> int:

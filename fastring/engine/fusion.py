@@ -44,10 +44,14 @@ class Executor:
     def execute(self, ready: list[Request]) -> None:
         """Run `ready` (agreed, in the same order on every rank); an error of one group of
         requests is theirs alone and goes to their handles."""
-        groups: dict[tuple, list[Request]] = {}
-        for r in ready:
-            key = r.allreduce.key if r.allreduce is not None else ("single", r.name)
-            groups.setdefault(key, []).append(r)
+        work = ready[0].allreduce
+        if work is not None and all([r.allreduce is work for r in ready]):
+            groups = {work.key: ready}  # the common case: one signature's requests, one group
+        else:
+            groups: dict[tuple, list[Request]] = {}
+            for r in ready:
+                key = r.allreduce.key if r.allreduce is not None else ("single", r.name)
+                groups.setdefault(key, []).append(r)
         for key, reqs in groups.items():
             try:
                 if key[0] == "allreduce":
@@ -63,6 +67,10 @@ class Executor:
 
     def _run_allreduce(self, reqs: list[Request]) -> None:
         threshold = max(self.config.fusion_threshold, 1)
+        sizes = [r.nbytes for r in reqs]
+        if sum(sizes) <= threshold and max(sizes) < FUSION_MAX_TENSOR_BYTES:
+            self._reduce_batch(reqs)  # the common case, one batch, decided in two calls
+            return
         batch: list[Request] = []
         batch_bytes = 0
         for r in reqs + [None]:
@@ -125,14 +133,15 @@ class Executor:
         # A batch of plain tensors (the common case: gradients) packs in one call; one
         # pack() per tensor costs microseconds each in Python.
         plain = (in_own_dtype and _plain(work, self.rt.size)
-                 and all(len(r.entries) == 1 for r in batch))
+                 and all([len(r.entries) == 1 for r in batch]))
+        firsts = [r.entries[0] for r in batch] if plain else None  # a plain batch's one entry each
         # (the Reduction and the list of inputs are built only for an algorithm that reads pieces)
         if not (plain and hasattr(algorithm, "run_pieces")
                 and self._reduce_pieces(algorithm, self._plain_reduction(names, flat, work),
-                                        [r.entries[0].src for r in batch])):
+                                        [e.src for e in firsts])):
             with self.timeline.span(names, "pack"):
                 if plain:
-                    np.concatenate([r.entries[0].src for r in batch], axis=None, out=flat)
+                    np.concatenate([e.src for e in firsts], axis=None, out=flat)
                 else:
                     offset = 0
                     for r, n in zip(batch, counts):
@@ -140,12 +149,10 @@ class Executor:
                         self._feed_back_error(r, flat[offset:offset + n])
                         offset += n
             self.reduce(algorithm, names, flat, work)
-        if plain and not self.timeline.recording and scatter_to_arrays(
-                flat, [r.entries[0].work for r in batch]):
+        if plain and not self.timeline.recording and scatter_to_arrays(flat, [e.work for e in firsts]):
             # the plain batch unpacks in one call too: a copy per tensor costs a microsecond
             results = []
-            for r in batch:
-                e = r.entries[0]
+            for r, e in zip(batch, firsts):
                 if e.target is not e.work:
                     np.copyto(e.target, e.work)
                 results.append([e.result] if r.grouped else e.result)

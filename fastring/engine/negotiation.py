@@ -34,6 +34,7 @@ WANT_REPORT = 2   # some rank has waited past FASTRING_STALL_CHECK_TIME: gather 
 LEAVING = 4       # some rank is shutting down: nothing pending anywhere can complete
 LEFT_RANK_SHIFT = 8  # bit LEFT_RANK_SHIFT + r: rank r is shutting down (ranks below 56)
 CACHE_CAPACITY = 1 << 14
+WORD_MASK = (1 << 64) - 1  # one uint64 word of a bit vector
 FIELD_DIGESTS_KEPT = 1024  # digests of recent fields tuples, a shortcut for repeated signatures
 # Byte offset of the speculative payload in a cycle block with w bit-vector words.
 PAYLOAD_OFFSET = [8 * (HEADER_WORDS + 2 * w) for w in range(CACHE_CAPACITY // 64 + 1)]
@@ -84,13 +85,21 @@ def is_clean(outcome: tuple, h: int) -> bool:
     return outcome[1] == h and not (outcome[0] or outcome[2] or outcome[3])
 
 
-def set_bits(words: np.ndarray):
-    """The indices of the bits set in a bit vector of uint64 words, in increasing order."""
+def set_bits(words: np.ndarray) -> list[int]:
+    """The indices of the bits set in a bit vector of uint64 words, in increasing order.
+
+    Example:
+        >>> set_bits(np.array([0b101, 1 << 63], np.uint64))
+        [0, 2, 127]
+    """
+    found = []
     for i, w in enumerate(words.tolist()):
+        base = i * 64 - 1
         while w:
             low = w & -w
-            yield i * 64 + low.bit_length() - 1
+            found.append(base + low.bit_length())
             w ^= low
+    return found
 
 
 class Negotiation:
@@ -184,15 +193,18 @@ class Negotiation:
     def set_cached(self, bits, words: int) -> None:
         """Mark cache entries `bits` as ready (AND words) and pending (OR words) on this rank:
         each word is written once, however many of its bits are set."""
-        masks: dict[int, int] = {}
+        mask = 0
         for bit in bits:
-            masks[bit >> 6] = masks.get(bit >> 6, 0) | 1 << (bit & 63)
+            mask |= 1 << bit
         header = self.header
-        for i, mask in masks.items():
-            header[HEADER_WORDS + i] |= mask
-            header[HEADER_WORDS + words + i] |= mask
+        while mask:
+            i = ((mask & -mask).bit_length() - 1) >> 6  # the lowest word with a bit set
+            word = mask >> (64 * i) & WORD_MASK
+            header[HEADER_WORDS + i] |= word
+            header[HEADER_WORDS + words + i] |= word
+            mask ^= word << (64 * i)
 
-    def ready_bits(self, words: int):
+    def ready_bits(self, words: int) -> list[int]:
         """The cache entries every rank had ready in the last cycle."""
         return set_bits(self.block[HEADER_WORDS:HEADER_WORDS + words])
 

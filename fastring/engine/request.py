@@ -47,6 +47,15 @@ class Handle:
         self._engine._notify_done()
 
 
+def finish_all(handles: list[Handle], results: list) -> None:
+    """`Handle._finish` of each handle with its result, waiters notified once for all."""
+    for handle, result in zip(handles, results):
+        handle._result = result
+        handle._done = True
+    if handles:
+        handles[0]._engine._notify_done()
+
+
 @dataclass(eq=False, slots=True)
 class Request:
     """A submitted collective. `fields` must be equal on every rank under one name."""
