@@ -166,7 +166,7 @@ def _torch_quick(tensor) -> np.ndarray | None:
 
 
 def _torch_like(template, array: np.ndarray):
-    import torch
+    torch = sys.modules["torch"]  # imported: `template` is one of its tensors
 
     if array.dtype == BFLOAT16:
         return _torch_like(template, array.view(np.int16)).view(torch.bfloat16)
