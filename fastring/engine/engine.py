@@ -291,9 +291,12 @@ class Engine:
         neg = self._neg
         words = neg.words
         outcome, clean = neg.lone_exchange(h, payload, result, reducer, name)
-        if clean and neg.cache.get(name, _NOT_CACHED)[1] is not fields:
+        if not clean:
+            return self._lone_outcome(False, outcome, words, h, name, request)
+        if neg.cache.get(name, _NOT_CACHED)[1] is not fields:
             neg.remember(name, fields)
-        return self._lone_outcome(clean, outcome, words, h, name, request)
+        self._completed += 1  # (`_lone_outcome` of a clean cycle, without the call)
+        return None
 
     def _lone_outcome(self, clean: bool, outcome: tuple, words: int, h: int, name: str,
                       request: Callable[[str], Request]) -> Request | None:

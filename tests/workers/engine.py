@@ -128,6 +128,23 @@ h_c = fastring.allreduce_async(np.full(5, R, np.int32), op=fastring.Max, name="m
 c.check_close("mix a", h_a.wait(), np.full(5, N), 0)
 c.check_close("mix b", h_b.wait(), np.full(5, N), 0)
 c.check_close("mix c", h_c.wait(), np.full(5, N - 1), 0)
+# in place, asynchronously: a contiguous array takes the plain path, a strided view the general
+# one (reduced through a contiguous copy, written back); each handle returns its own array
+flat_in, strided = np.full(6, R + 1.0), np.full(12, R + 1.0)[::2]
+h_flat = fastring.allreduce_async(flat_in, op=fastring.Sum, name="inplace.flat", out=flat_in)
+h_strided = fastring.allreduce_async(strided, op=fastring.Sum, name="inplace.strided", out=strided)
+if h_flat.wait() is not flat_in or h_strided.wait() is not strided:
+    c.fail("an in-place allreduce_async did not return its own array")
+c.check_close("in place, contiguous", flat_in, np.full(6, N * (N + 1) / 2), 0)
+c.check_close("in place, strided", strided, np.full(6, N * (N + 1) / 2), 0)
+frozen = np.ones(3)
+frozen.flags.writeable = False
+try:
+    fastring.allreduce_async(frozen, op=fastring.Sum, name="inplace.frozen", out=frozen)
+    c.fail("an in-place allreduce_async of a read-only array was accepted")
+except ValueError as e:
+    if "read-only" not in str(e):
+        c.fail(f"read-only in place: {e}")
 # grouped: one request, one batch
 g = fastring.grouped_allreduce([np.ones(3), np.full((2, 2), 2.0)], op=fastring.Sum, name="group")
 c.check_close("group 0", g[0], np.full(3, N), 0)
