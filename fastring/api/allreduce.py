@@ -16,7 +16,7 @@ from .._core.ops import OP_NAMES, ReduceOp, as_reduce_op
 from .._core.runtime import Runtime, runtime
 from .._core.tensor import as_array, host_view, like
 from .._core.work import AllreduceWork, Entry, work_of
-from .._transport import group_of, is_writable_c_contiguous
+from .._transport import group_of
 from ..algorithms import InCycle
 from ..engine import Handle, Request
 from .process_sets import global_rank, runtime_of
@@ -98,19 +98,14 @@ def _plain_args(op, name, compression, prescale_factor, postscale_factor) -> boo
 def _plain_request(rt: Runtime, tensor, arr: np.ndarray, op: ReduceOp, name: str | None, out) -> Request | None:
     """The Request of a plain allreduce of host array `arr` (`tensor`'s memory) into a new
     tensor (`out` None) or in place (`out` is `tensor`), built from its cached plan with no
-    other check; None where the general path must build it (and raise any error)."""
+    other check (`entry` still decides where it is read and written, and refuses what it
+    must); None where the general path must build it (and raise any error)."""
     plan = _plain_plan(arr, op)
     if plan is None:
         return None
-    if out is None:
-        e = entry(tensor, arr, None)
-    elif is_writable_c_contiguous(arr):
-        e = Entry(arr, arr, arr, tensor)  # in place (what `entry` would find, unchecked)
-    else:
-        return None
     engine = rt.engine
-    name = name or engine.auto_name("allreduce")
-    return Request("allreduce", name, plan[1], arr.nbytes, Handle(engine, name), plan[2], [e])
+    name = name or engine.auto_name("allreduce")  # taken first, as the general path does
+    return Request("allreduce", name, plan[1], arr.nbytes, Handle(engine, name), plan[2], [entry(tensor, arr, out)])
 
 
 def _lone_allreduce(arr: np.ndarray, op: ReduceOp, name: str | None, out: np.ndarray | None, process_set=None):

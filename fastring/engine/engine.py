@@ -33,7 +33,7 @@ from .._core.config import FINALIZE_WAIT_SECONDS
 from .._core.dtypes import SUPPORTED, DtypeSpec
 from .._core.errors import FastringError
 from .._core.ops import ReduceOp
-from .._core.work import AllreduceWork, Entry, Finish, finalizer, nothing, pack, predivides
+from .._core.work import Entry, Finish, finalizer, nothing, pack, predivides, work_of
 from .._transport import (SPECULATION_FAILED, copy_from_array, copy_to_array, exit_unless_gone_within,
                           is_c_contiguous, is_writable_c_contiguous, views_of)
 from .fusion import Executor
@@ -291,12 +291,9 @@ class Engine:
         neg = self._neg
         words = neg.words
         outcome, clean = neg.lone_exchange(h, payload, result, reducer, name)
-        if not clean:
-            return self._lone_outcome(False, outcome, words, h, name, request)
-        if neg.cache.get(name, _NOT_CACHED)[1] is not fields:
+        if clean and neg.cache.get(name, _NOT_CACHED)[1] is not fields:
             neg.remember(name, fields)
-        self._completed += 1  # (`_lone_outcome` of a clean cycle, without the call)
-        return None
+        return self._lone_outcome(clean, outcome, words, h, name, request)
 
     def _lone_outcome(self, clean: bool, outcome: tuple, words: int, h: int, name: str,
                       request: Callable[[str], Request]) -> Request | None:
@@ -691,8 +688,8 @@ class Engine:
             for shape in shapes:
                 work = np.empty(shape, spec.dtype)
                 entries.append(Entry(np.zeros(shape, spec.dtype), work, work, work))
-            work = AllreduceWork(spec, ReduceOp[f["op"]], f["prescale_factor"], f["postscale_factor"],
-                                 getattr(Compression, f["compression"]), f["device"])
+            work = work_of(spec, ReduceOp[f["op"]], f["prescale_factor"], f["postscale_factor"],
+                           getattr(Compression, f["compression"]), f["device"])
             nbytes = sum(e.src.nbytes for e in entries)
             return Request(kind, name, fields, nbytes, Handle(self, name), work, entries, grouped)
         if kind == "allgather":
