@@ -11,7 +11,11 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 wheels="$1"; shift
 venv="$(mktemp -d)/venv"
-python3 -m venv --system-site-packages "$venv"
+python3 -m venv "$venv"
+# python3 may itself be a virtual environment, whose packages --system-site-packages would not
+# reach (it means the base interpreter's): name its package folders after the new ones instead.
+python3 -c 'import site; print("\n".join(site.getsitepackages()))' \
+    > "$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/outer.pth"
 "$venv/bin/python" -m pip install -q --no-index --no-deps --no-compile "$wheels"/*.whl
 # In place, not `pip install -e`: the extensions compile in parallel, and the one package
 # that setuptools maps from another folder (fastring.kernels <- kernels/) gets a link.
