@@ -20,6 +20,8 @@ F64 = np.dtype(np.float64)
 
 
 def is_c_contiguous(arr: Any) -> bool:
+    if 0 in tuple(arr.shape):  # numba-cuda calls an empty device array non-contiguous
+        return True
     flags = getattr(arr, "flags", None)
     if flags is not None and hasattr(flags, "c_contiguous"):
         return bool(flags.c_contiguous)

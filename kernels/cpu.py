@@ -148,9 +148,9 @@ def scale_into(dst: np.ndarray, factor: float, *, dtype: Any = None) -> None:
 
     float64 is computed in float64; float32, float16 and bfloat16 in float32 with
     ``factor`` rounded to float32, then rounded once to the dtype.  Integers become
-    ``trunc(dst * factor)`` computed in float64 (int64 results wrap into narrower
-    dtypes; results outside int64's range are whatever the hardware conversion
-    gives, as with NumPy's astype).  bool raises TypeError.
+    ``trunc(dst * factor)`` computed in float64 and wrapped modulo 2**64 into the
+    dtype's width, as integer arithmetic wraps (a product that is not finite, possible
+    only for factors beyond about 1e289, gives 0).  bool raises TypeError.
 
     >>> a = np.array([3, -3], np.int8); scale_into(a, 0.5); a
     array([ 1, -1], dtype=int8)

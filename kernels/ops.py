@@ -319,11 +319,27 @@ def true_div(x, divisor):
     return x / divisor
 
 
+_TWO_63, _TWO_64, _TWO_117 = 2.0 ** 63, 2.0 ** 64, 2.0 ** 117
+
+
 @register_jitable
 def scale_int(x, factor):
-    # float64 product, truncated toward zero by the float->int conversion; values
-    # outside int64 give whatever the hardware conversion gives (as NumPy's astype).
-    return np.int64(np.float64(x) * factor)
+    # The float64 product truncated toward zero and wrapped modulo 2**64, as integer
+    # arithmetic wraps. A float->int conversion out of int64's range is undefined (x86
+    # gives INT64_MIN, a GPU saturates), so such products are wrapped by hand, with steps
+    # that are exact: beyond 2**63 a double is an integer, and from 2**117 on a multiple of
+    # 2**64. Not finite (a factor beyond about 1e289): 0.
+    p = np.float64(x) * factor
+    if -_TWO_63 <= p < _TWO_63:
+        return np.int64(p)
+    a = abs(p)
+    if not a < _TWO_117:
+        return np.int64(0)
+    r = a - np.float64(np.int64(a / _TWO_64)) * _TWO_64
+    if r >= _TWO_63:
+        r -= _TWO_64
+    q = np.int64(r)
+    return -q if p < 0 else q
 
 
 @register_jitable

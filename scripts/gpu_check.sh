@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The GPU check of issue 6, for a machine with one NVIDIA GPU and no network:
-#   1. each CUDA kernel's bandwidth against the device's own copy bandwidth, same run;
-#   2. a 2-rank allreduce of device arrays, both ranks on the one GPU, against the host path;
+#   1. each CUDA kernel's bandwidth against a copy kernel's, same launch shape, same run;
+#   2. a 1- and a 2-rank allreduce of device arrays (both ranks on the one GPU) against the
+#      host path;
 #   3. the CUDA tests for real (no simulator): kernels, device allreduce, torch.cuda/CuPy.
 # Without a GPU it says so, runs the CPU-side parts (the same measuring code on a few KiB in
 # Numba's simulator, which checks the plumbing and the results) and exits 0.
@@ -26,10 +27,14 @@ if command -v nvidia-smi >/dev/null 2>&1; then
     nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
 fi
 if env -u NUMBA_ENABLE_CUDASIM "$PY" scripts/gpu_check.py detect; then
-    step "kernel bandwidth vs device copy bandwidth"
+    step "kernel bandwidth vs copy kernel bandwidth"
     run env -u NUMBA_ENABLE_CUDASIM "$PY" scripts/gpu_check.py kernels --mib "$MIB"
-    step "2-rank allreduce of device arrays on the one GPU"
-    run env -u NUMBA_ENABLE_CUDASIM "$MPIEXEC" -n 2 "$PY" scripts/gpu_check.py allreduce --max-mib "$MIB"
+    # One rank: fastring's own cost per call. Two ranks on one GPU also wait for the GPU's
+    # time slices between the two processes' contexts.
+    for n in 1 2; do
+        step "$n-rank allreduce of device arrays on the one GPU"
+        run env -u NUMBA_ENABLE_CUDASIM "$MPIEXEC" -n $n "$PY" scripts/gpu_check.py allreduce --max-mib "$MIB"
+    done
     # Last, so that a lease that runs out during the slowest part keeps the figures; a test
     # stops at 150 s (every kernel is compiled anew in each rank: no cache across processes).
     step "CUDA tests on the GPU (no simulator)"

@@ -79,7 +79,16 @@ def reference_reduce(a: np.ndarray, b: np.ndarray, op: KernelOp) -> np.ndarray:
 def reference_scale(a: np.ndarray, factor: float) -> np.ndarray:
     with np.errstate(all="ignore"):
         if a.dtype.kind in "iu":
-            return np.trunc(a.astype(np.float64) * factor).astype(np.int64).astype(a.dtype)
+            # trunc(a * factor) in float64, wrapped modulo 2**64 with Python's exact integers
+            # where NumPy's float->int64 conversion is undefined; not finite: 0
+            p = (a.astype(np.float64) * factor).reshape(-1)
+            out = np.zeros(p.shape, np.int64)
+            inside = (p >= -2.0 ** 63) & (p < 2.0 ** 63)
+            out[inside] = p[inside].astype(np.int64)
+            for k in np.flatnonzero(~inside & np.isfinite(p)):
+                w = int(p[k]) % 2 ** 64
+                out[k] = w - 2 ** 64 if w >= 2 ** 63 else w
+            return out.astype(a.dtype).reshape(a.shape)
         if a.dtype == np.float64:
             return a * factor
         r = a.astype(F32) * np.float32(factor)
@@ -207,6 +216,10 @@ _PACK_LAYOUTS = {
     "gaps": ([(0, 5), (9, 1), (12, 20), (40, 4)], 50),
     "many": ([(k * 20, k) for k in range(19)], 19 * 20),
     "long": ([(3, 1500), (1503, 2600)], 4103),
+    # every offset and length a multiple of 8, 4, 2 bytes: the GPU moves words that wide
+    "words8": ([(0, 64), (64, 8), (80, 4000)], 4096),
+    "words4": ([(0, 12), (20, 4)], 32),
+    "words2": ([(2, 6)], 16),
 }
 
 
@@ -303,6 +316,21 @@ class KernelContract:
         d = B.put(a)
         B.k.scale_into(d, factor)
         assert_same(B.get(d), reference_scale(a, factor))
+
+    @pytest.mark.parametrize("dtype, values, factor, expected", [
+        # a float->int64 conversion of these products is undefined: x86 and GPUs differ
+        ("uint64", [2**63, 2**64 - 2048, 2**63 + 4096], 1.0, [2**63, 2**64 - 2048, 2**63 + 4096]),
+        ("uint64", [2**63, 2**62 + 2**61], 3.0, [2**63, 2**61]),
+        ("int64", [2**40, -2**40, 3, -3], 2.0**30, [0, 0, 3 * 2**30, -3 * 2**30]),
+        ("int64", [3, -3, 2**40], 2.0**62, [-2**62, 2**62, 0]),
+        ("int8", [100, -100, 127], 3.0, [44, -44, 125]),
+        ("int32", [5, 0, -7], float("inf"), [0, 0, 0]),
+    ])
+    def test_scale_wraps_out_of_range_products(self, dtype, values, factor, expected):
+        B = self.backend
+        d = B.put(np.array(values, dtype))
+        B.k.scale_into(d, factor)
+        np.testing.assert_array_equal(B.get(d), np.array(expected, dtype))
 
     @pytest.mark.parametrize("dtype", _SIGNED)
     def test_scale_truncates_toward_zero(self, dtype):
@@ -438,6 +466,19 @@ class KernelContract:
         B.k.unpack(buf, outs, offsets)
         for p, o in zip(parts, outs):
             np.testing.assert_array_equal(B.get(o), p)
+
+    def test_pack_unpack_parts_at_odd_addresses(self):
+        """Aligned offsets and lengths, but parts that start one byte into an allocation:
+        the copy must not assume the parts' addresses are aligned too."""
+        B = self.backend
+        src = np.arange(1, 17, dtype=np.uint8)
+        whole = B.put(np.concatenate([np.zeros(1, np.uint8), src]))
+        buf = B.put(np.zeros(24, np.uint8))
+        B.k.pack(buf, [whole[1:9], whole[9:17]], [0, 16])
+        np.testing.assert_array_equal(B.get(buf), np.concatenate([src[:8], np.zeros(8, np.uint8), src[8:]]))
+        out = B.put(np.zeros(17, np.uint8))
+        B.k.unpack(buf, [out[1:9]], [16])
+        np.testing.assert_array_equal(B.get(out)[1:9], src[8:])
 
     # ------------------------------------------------------------------- errors
     @pytest.mark.parametrize("func", ["reduce_into", "scale_into", "divide_into"])

@@ -15,6 +15,7 @@ if not (config.ENABLE_CUDASIM or cuda.is_available()):
     pytest.skip("numba.cuda has no GPU (set NUMBA_ENABLE_CUDASIM=1 for the simulator)",
                 allow_module_level=True)
 
+from fastring._core import device  # noqa: E402
 from fastring.kernels import KernelOp, cuda_kernels  # noqa: E402
 
 try:  # noqa: E402
@@ -40,13 +41,13 @@ class DeviceBackend(Backend):
     max_length = 1000 if config.ENABLE_CUDASIM else None
 
     def put(self, host):
-        return cuda.to_device(host)
+        return device.to_device(host)
 
     def get(self, arr):
-        return arr.copy_to_host()
+        return device.to_host(arr)
 
     def empty(self, n, dtype):
-        return cuda.to_device(np.zeros(n, dtype))
+        return device.to_device(np.zeros(n, dtype))
 
 
 class TestCudaKernels(KernelContract):
@@ -134,3 +135,20 @@ def test_every_function_takes_a_stream():
     np.testing.assert_array_equal(back.copy_to_host(), half.astype(np.float16).astype(np.float32))
     np.testing.assert_array_equal(out.copy_to_host().view(np.uint16),
                                   half.astype(np.float16).view(np.uint16))
+
+
+@pytest.mark.parametrize("shift, offsets, lengths, width", [
+    (0, [0, 64], [64, 8], 8),
+    (0, [0, 20], [12, 4], 4),
+    (0, [2], [6], 2),
+    (0, [0, 8], [8, 3], 1),
+    (4, [0, 8], [8, 8], 4),     # a part 4 bytes into its allocation
+    (1, [0, 8], [8, 8], 1),
+])
+def test_pack_moves_the_widest_common_word(shift, offsets, lengths, width):
+    from fastring.kernels import cuda as kmod
+
+    buf = cuda.to_device(np.zeros(256, np.uint8))
+    whole = cuda.to_device(np.zeros(256, np.uint8))
+    parts = [whole[shift:shift + n] for n in lengths]
+    assert kmod._widest_word(buf, parts, list(zip(offsets, lengths))).itemsize == width

@@ -114,6 +114,32 @@ def _from_interface(obj: Any, sync: bool) -> Any:
                          else np.empty(shape, dtype))
 
 
+def to_device(host: np.ndarray, stream: Any = 0) -> Any:
+    """`host` copied into a new device array of its dtype and shape. bfloat16 travels as its
+    uint16 bits: numba-cuda copies through the buffer protocol, which has no bfloat16 format.
+
+    Example:
+        >>> to_device(np.ones(3, BFLOAT16)).dtype == BFLOAT16     # doctest: +SKIP
+        True
+    """
+    host = np.ascontiguousarray(host)
+    if host.dtype == BFLOAT16:
+        return numba_cuda().to_device(host.view(U16), stream=stream).view(BFLOAT16)
+    return numba_cuda().to_device(host, stream=stream)
+
+
+def to_host(arr: Any) -> np.ndarray:
+    """A device array copied into a new NumPy array (bfloat16 too: see `to_device`).
+
+    Example:
+        >>> to_host(to_device(np.arange(3.0)))                     # doctest: +SKIP
+        array([0., 1., 2.])
+    """
+    if arr.dtype == BFLOAT16:
+        return arr.view(U16).copy_to_host().view(BFLOAT16)
+    return arr.copy_to_host()
+
+
 def current_device() -> int:
     """The GPU of this thread's CUDA context (the simulator has one, 0)."""
     return 0 if simulated() else numba_cuda().get_current_device().id

@@ -23,7 +23,7 @@ import numpy as np
 from .. import kernels
 from .._core.config import DEVICE_SEGMENT_BYTES
 from .._core.device import (U16, U8, DeviceState, cuda_aware_mpi, current_device, device_address,
-                            new_event, numba_cuda, state_of)
+                            new_event, numba_cuda, state_of, to_device)
 from .._core.dtypes import BFLOAT16, DtypeSpec
 from .._core.ops import KERNEL_OP, ReduceOp
 from .._core.work import AllreduceWork, Entry, predivides, prescale as prescale_host, split_for_average, unpack
@@ -65,11 +65,9 @@ def _as_device(entry: Entry, stream: Any) -> Entry:
     """A host Entry (a joined rank's zeros) as device arrays; device entries as they are."""
     if not isinstance(entry.src, np.ndarray):
         return entry
-    cuda = numba_cuda()
-    host = entry.src.reshape(-1)
-    if host.dtype == BFLOAT16:
-        host = host.view(U16)
-    src = cuda.to_device(host, stream=stream)
+    src = to_device(entry.src.reshape(-1), stream)
+    if src.dtype == BFLOAT16:
+        src = src.view(U16)
     return Entry(src, src, src, entry.result)
 
 

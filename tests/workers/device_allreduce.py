@@ -36,13 +36,13 @@ F32, F16, I32 = np.dtype(np.float32), np.dtype(np.float16), np.dtype(np.int32)
 
 
 def to_dev(a):
-    return cuda.to_device(np.ascontiguousarray(a))
+    return device.to_device(a)
 
 
 def from_dev(d, name):
     if not getattr(d, "__cuda_ndarray__", False):
         c.fail(f"{name}: result is {type(d).__name__}, not a device array")
-    return d.copy_to_host()
+    return device.to_host(d)
 
 
 def check(name, got_dev, inputs, op, *, shape=None, host=None):
