@@ -2,9 +2,12 @@
 # scripts/gpu_check.sh on a borrowed GPU machine that cannot reach a package registry but has
 # the CUDA Python stack (numba-cuda, PyTorch, CuPy) in its python3: a virtual environment over
 # that python3 (its packages visible) gets the MPI stack and build tools from wheels carried
-# along, fastring is built in place, and the check runs with that environment's mpiexec.
+# along, fastring is built in place, and the check (or another command) runs with that
+# environment's python and mpiexec first on the PATH.
 #
-# usage: scripts/gpu_lease.sh WHEEL_DIR [gpu_check.sh arguments]
+# usage: scripts/gpu_lease.sh WHEEL_DIR [COMMAND ...]    (default: bash scripts/gpu_check.sh)
+#   e.g.  scripts/gpu_lease.sh .whl bash scripts/gpu_check.sh --quick
+#         scripts/gpu_lease.sh .whl python scripts/gpu_check.py pack --max-mib 256
 #   WHEEL_DIR holds, for the machine's Python, the wheels of mpich, mpi4py, setuptools>=77 and
 #   Cython>=3 (pip download --only-binary=:all: --python-version ... -d WHEEL_DIR ...).
 set -euo pipefail
@@ -32,4 +35,6 @@ for name in ("numpy", "numba", "numba-cuda", "mpi4py", "mpich", "torch", "cupy-c
         pass
 print("python packages:", ", ".join(found))
 EOF
-PYTHON="$venv/bin/python" bash scripts/gpu_check.sh "$@"
+export PATH="$venv/bin:$PATH" PYTHON="$venv/bin/python"
+[[ $# -gt 0 ]] || set -- bash scripts/gpu_check.sh
+"$@"
