@@ -15,7 +15,6 @@ from __future__ import annotations
 import functools
 from typing import Any, Callable, Optional, Sequence
 
-import numpy as np
 from numba import config, cuda
 
 from . import _validate as v
@@ -245,29 +244,7 @@ def _copy_kernels():
     return gather, scatter
 
 
-def _widest_word(buf: Any, parts: list, plan: list) -> np.dtype:
-    """The widest unsigned word (8, 4, 2 or 1 bytes) that divides every device address,
-    offset and length of a pack/unpack: a thread per byte moves a fifth of what a thread
-    per 8-byte word does."""
-    from .._core.device import device_address
-
-    common = device_address(buf)
-    for part, (off, n) in zip(parts, plan):
-        if n:
-            common |= device_address(part) | off | n
-    for width in (8, 4, 2):
-        if common % width == 0:
-            return np.dtype(f"u{width}")
-    return np.dtype(np.uint8)
-
-
 def _copy_batches(kernel, buf: Any, parts: list, plan: list, stream: Any) -> None:
-    word = _widest_word(buf, parts, plan)
-    if word.itemsize > 1:
-        w = word.itemsize
-        buf = buf[:buf.shape[0] - buf.shape[0] % w].view(word)
-        parts = [part.view(word) if n else part for part, (_, n) in zip(parts, plan)]
-        plan = [(off // w, n // w) for off, n in plan]
     work = [(part, off, n) for part, (off, n) in zip(parts, plan) if n]
     for k in range(0, len(work), _PACK_SLOTS):
         batch = work[k:k + _PACK_SLOTS]

@@ -2,7 +2,6 @@
 
     python scripts/gpu_check.py detect                 # exit 0 and name the GPU, or exit 1
     python scripts/gpu_check.py kernels [--mib 256]    # kernel bandwidth vs device copy bandwidth
-    python scripts/gpu_check.py pack [--max-mib 256]   # pack: word vs byte copies
     mpiexec -n 2 python scripts/gpu_check.py allreduce [--max-mib 256]   # device vs host allreduce
 
 With ``--tiny`` (and NUMBA_ENABLE_CUDASIM=1 on a machine without a GPU) the same code runs on a
@@ -138,48 +137,6 @@ def kernels(mib: float, reps: int) -> int:
     return 0
 
 
-def pack(max_mib: float, reps: int) -> int:
-    """pack of 8 equal parts into one buffer, moving the widest word the layout allows
-    against one byte per thread, at sizes from 64 KiB to `max_mib` in all; results checked.
-
-    Example:
-        >>> pack(256, 10)   # doctest: +SKIP
-    """
-    from numba import config
-
-    from fastring.kernels import cuda_kernels
-
-    kc = cuda_kernels()
-    widest = kc._widest_word
-    widths = [10, 10, 12, 10, 12, 8]
-    print("pack 8 parts, word vs byte copies" + (" (SIMULATOR: timings meaningless)" if config.ENABLE_CUDASIM else ""))
-    print(_row(["bytes", "word ms", "word GB/s", "byte ms", "byte GB/s", "word/byte"], widths))
-    nbytes, wrong = 64 * 1024, 0
-    while nbytes <= max(max_mib * 2**20, 64 * 1024):
-        part = nbytes // 8
-        host = np.random.default_rng(1).integers(0, 256, nbytes, dtype=np.uint8)
-        parts = [cuda.to_device(host[k * part:(k + 1) * part]) for k in range(8)]
-        buf = cuda.device_array(nbytes, np.uint8)
-        offsets = [k * part for k in range(8)]
-        times = []
-        for forced in (None, np.dtype(np.uint8)):
-            kc._widest_word = widest if forced is None else (lambda *a, _f=forced: _f)
-            try:
-                buf.copy_to_device(np.zeros(nbytes, np.uint8))
-                kc.pack(buf, parts, offsets)
-                wrong += int(np.count_nonzero(buf.copy_to_host() != host))
-                times.append(_timed(lambda: kc.pack(buf, parts, offsets), reps))
-            finally:
-                kc._widest_word = widest
-        moved = 2 * nbytes
-        print(_row([_size(nbytes), f"{times[0] * 1e3:.3f}", f"{moved / times[0] / 1e9:.1f}",
-                    f"{times[1] * 1e3:.3f}", f"{moved / times[1] / 1e9:.1f}",
-                    f"{times[1] / times[0]:.2f}x"], widths))
-        nbytes *= 4
-    print(f"wrong bytes: {wrong}")
-    return 1 if wrong else 0
-
-
 def allreduce(max_mib: float, reps: int) -> int:
     """2-rank (any N) allreduce of device arrays, every rank on GPU local_rank % count, against
     the same allreduce of host arrays; checks every result and prints busbw.
@@ -241,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
         >>> main(["detect"])   # doctest: +SKIP
     """
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("what", choices=["detect", "kernels", "pack", "allreduce"])
+    parser.add_argument("what", choices=["detect", "kernels", "allreduce"])
     parser.add_argument("--mib", type=float, default=256.0, help="kernels: MiB per float32 operand")
     parser.add_argument("--max-mib", type=float, default=256.0, help="allreduce: largest message")
     parser.add_argument("--reps", type=int, default=10)
@@ -253,8 +210,6 @@ def main(argv: list[str] | None = None) -> int:
         args.mib, args.max_mib, args.reps = 1 / 64, 1 / 64, 1
     if args.what == "kernels":
         return kernels(args.mib, args.reps)
-    if args.what == "pack":
-        return pack(args.max_mib, args.reps)
     return allreduce(args.max_mib, args.reps)
 
 

@@ -1,7 +1,6 @@
 #!/usr/bin/env bash
 # The GPU check of issue 6, for a machine with one NVIDIA GPU and no network:
-#   1. each CUDA kernel's bandwidth against a copy kernel's, same launch shape, same run,
-#      and pack's word copies against byte copies;
+#   1. each CUDA kernel's bandwidth against a copy kernel's, same launch shape, same run;
 #   2. a 1- and a 2-rank allreduce of device arrays (both ranks on the one GPU) against the
 #      host path;
 #   3. the CUDA tests for real (no simulator): kernels, device allreduce, torch.cuda/CuPy.
@@ -30,8 +29,6 @@ fi
 if env -u NUMBA_ENABLE_CUDASIM "$PY" scripts/gpu_check.py detect; then
     step "kernel bandwidth vs copy kernel bandwidth"
     run env -u NUMBA_ENABLE_CUDASIM "$PY" scripts/gpu_check.py kernels --mib "$MIB"
-    step "pack: word vs byte copies"
-    run env -u NUMBA_ENABLE_CUDASIM "$PY" scripts/gpu_check.py pack --max-mib "$MIB"
     # One rank: fastring's own cost per call. Two ranks on one GPU also wait for the GPU's
     # time slices between the two processes' contexts.
     for n in 1 2; do
@@ -52,8 +49,6 @@ echo "cannot be measured here. Running the CPU-side parts in Numba's simulator i
 echo "(timings below are meaningless; only the results and the plumbing are checked)."
 step "kernel bandwidth code, simulator"
 run env NUMBA_ENABLE_CUDASIM=1 "$PY" scripts/gpu_check.py kernels --tiny
-step "pack code, simulator"
-run env NUMBA_ENABLE_CUDASIM=1 "$PY" scripts/gpu_check.py pack --tiny
 step "2-rank device allreduce code, simulator"
 run env NUMBA_ENABLE_CUDASIM=1 "$MPIEXEC" -n 2 "$PY" scripts/gpu_check.py allreduce --tiny
 step "done: no GPU; CPU-side parts $([[ $status == 0 ]] && echo 'passed' || echo 'FAILED')"

@@ -7,7 +7,7 @@
 #
 # usage: scripts/gpu_lease.sh WHEEL_DIR [COMMAND ...]    (default: bash scripts/gpu_check.sh)
 #   e.g.  scripts/gpu_lease.sh .whl bash scripts/gpu_check.sh --quick
-#         scripts/gpu_lease.sh .whl python scripts/gpu_check.py pack --max-mib 256
+#         scripts/gpu_lease.sh .whl python scripts/gpu_check.py kernels --mib 256
 #   WHEEL_DIR holds, for the machine's Python, the wheels of mpich, mpi4py, setuptools>=77 and
 #   Cython>=3 (pip download --only-binary=:all: --python-version ... -d WHEEL_DIR ...).
 set -euo pipefail

@@ -216,7 +216,7 @@ _PACK_LAYOUTS = {
     "gaps": ([(0, 5), (9, 1), (12, 20), (40, 4)], 50),
     "many": ([(k * 20, k) for k in range(19)], 19 * 20),
     "long": ([(3, 1500), (1503, 2600)], 4103),
-    # every offset and length a multiple of 8, 4, 2 bytes: the GPU moves words that wide
+    # every offset and length a multiple of 8, 4, 2 bytes
     "words8": ([(0, 64), (64, 8), (80, 4000)], 4096),
     "words4": ([(0, 12), (20, 4)], 32),
     "words2": ([(2, 6)], 16),
@@ -468,8 +468,7 @@ class KernelContract:
             np.testing.assert_array_equal(B.get(o), p)
 
     def test_pack_unpack_parts_at_odd_addresses(self):
-        """Aligned offsets and lengths, but parts that start one byte into an allocation:
-        the copy must not assume the parts' addresses are aligned too."""
+        """Aligned offsets and lengths, parts that start one byte into an allocation."""
         B = self.backend
         src = np.arange(1, 17, dtype=np.uint8)
         whole = B.put(np.concatenate([np.zeros(1, np.uint8), src]))

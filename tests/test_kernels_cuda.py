@@ -136,19 +136,3 @@ def test_every_function_takes_a_stream():
     np.testing.assert_array_equal(out.copy_to_host().view(np.uint16),
                                   half.astype(np.float16).view(np.uint16))
 
-
-@pytest.mark.parametrize("shift, offsets, lengths, width", [
-    (0, [0, 64], [64, 8], 8),
-    (0, [0, 20], [12, 4], 4),
-    (0, [2], [6], 2),
-    (0, [0, 8], [8, 3], 1),
-    (4, [0, 8], [8, 8], 4),     # a part 4 bytes into its allocation
-    (1, [0, 8], [8, 8], 1),
-])
-def test_pack_moves_the_widest_common_word(shift, offsets, lengths, width):
-    from fastring.kernels import cuda as kmod
-
-    buf = cuda.to_device(np.zeros(256, np.uint8))
-    whole = cuda.to_device(np.zeros(256, np.uint8))
-    parts = [whole[shift:shift + n] for n in lengths]
-    assert kmod._widest_word(buf, parts, list(zip(offsets, lengths))).itemsize == width
