@@ -36,13 +36,21 @@ def test_ranks_agree_on_the_cores():
     assert "OK shm affinity on 2 ranks" in proc.stdout
 
 
+def mpi_segments() -> set[str]:
+    return {f for f in os.listdir("/dev/shm") if f.startswith("mpich_shm_")}
+
+
 def test_nothing_left_after_a_failed_rank():
+    """Neither fastring's segment nor MPICH's (whose name MPICH keeps until MPI_Finalize,
+    which a killed or aborted job never reaches)."""
     for case in ("raise", "kill"):
+        before = mpi_segments()
         proc = run_ranks(2, "shm", case, expect_rc=None)
         assert proc.returncode != 0, proc.stdout + proc.stderr
         if case == "raise":
             assert "rank 0: FastringError" in proc.stdout, proc.stdout + proc.stderr
         assert segments_of(proc.stdout) == [], proc.stdout
+        assert mpi_segments() - before == set(), case
     # the next launch works
     assert "OK shm quick on 2 ranks" in run_ranks(2, "shm", "quick").stdout
 
@@ -65,6 +73,25 @@ def test_a_segment_left_by_a_killed_creator_is_removed_by_the_next_launch():
         for path in (orphan, alive):
             if os.path.exists(path):
                 os.unlink(path)
+
+
+def test_unlink_mapped_takes_only_mapped_names_under_the_prefix(tmp_path):
+    from fastring._transport import shm
+
+    prefix = str(tmp_path / "mpich_shm_")
+    mapped, unmapped, other = (tmp_path / n for n in ("mpich_shm_a_0", "mpich_shm_b_0", "other_0"))
+    for path in (mapped, unmapped, other):
+        path.write_bytes(b"x")
+    maps = tmp_path / "maps"
+    maps.write_text(
+        f"7f0000000000-7f0000001000 rw-s 00000000 00:1a 101  {mapped}\n"
+        f"7f0000001000-7f0000002000 rw-s 00000000 00:1a 101  {mapped}\n"   # mapped twice
+        f"7f0000002000-7f0000003000 rw-s 00000000 00:1a 102  {prefix}gone_0 (deleted)\n"
+        f"7f0000003000-7f0000004000 rw-s 00000000 00:1a 103  {other}\n"
+        "7f0000004000-7f0000005000 r-xp 00000000 00:00 0    [vdso]\n")
+    assert shm.unlink_mapped(prefix, str(maps)) == [str(mapped)]
+    assert not mapped.exists() and unmapped.exists() and other.exists()
+    assert shm.unlink_mapped(prefix, str(maps)) == []   # already gone: nothing, no error
 
 
 def test_path_times():

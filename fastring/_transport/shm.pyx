@@ -54,7 +54,8 @@ The segment is created by rank 0 under a name unique to the launch and unlinked 
 every rank has mapped it: nothing is left in /dev/shm after any exit, SIGKILL included (the
 kernel frees the memory at the last unmap). The one moment a name exists is inside `attach`;
 a rank 0 killed right then leaves it, and the next segment's rank 0 on the host removes it
-(`remove_orphans`: the name carries its creator's pid). Waits spin, then yield, then sleep with a growing
+(`remove_orphans`: the name carries its creator's pid). MPICH's own segment loses its name
+there too (`unlink_mapped`), which MPICH would keep until MPI_Finalize. Waits spin, then yield, then sleep with a growing
 pause, and call the stall hook on time, as the MPI waits do (mpi.pyx's `wait`): a peer that
 stops answering is reported and, past FASTRING_STALL_SHUTDOWN_TIME, becomes an error. A wait
 that gave up leaves this rank out of step with the others, so the segment refuses any later
@@ -333,6 +334,39 @@ def remove_orphans(folder: str = "/dev/shm") -> list:
     return removed
 
 
+MPI_SEGMENT_PREFIX = "/dev/shm/mpich_shm_"
+
+
+def unlink_mapped(prefix: str = MPI_SEGMENT_PREFIX, maps: str = "/proc/self/maps") -> list:
+    """Unlink the files under `prefix` that this process has mapped, and return their paths.
+
+    MPICH keeps the name of each host's shared-memory segment (made in MPI_Init) until
+    MPI_Finalize, so a rank killed or aborted leaves it in /dev/shm for good (several MiB a
+    job). Called by a host's first rank once every rank of the host is past MPI_Init (and so
+    has mapped it): the mappings stay, the name goes, the memory is freed at the last unmap.
+    MPICH's own unlink at MPI_Finalize then finds no name, which it ignores.
+
+    Example:
+        >>> unlink_mapped(maps="/nonexistent")
+        []
+    """
+    try:
+        with open(maps) as f:
+            fields = [line.split(None, 5) for line in f if prefix in line]
+    except OSError:
+        return []
+    removed = []
+    for path in sorted({f[5].strip() for f in fields if len(f) == 6}):
+        if not path.startswith(prefix) or path.endswith(" (deleted)"):
+            continue
+        try:
+            os.unlink(path)
+            removed.append(path)
+        except OSError:  # gone already, or not ours to remove
+            pass
+    return removed
+
+
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -474,6 +508,8 @@ cdef class SharedSegment:
         s.pipelined = not any(crowded)
         if me == 0 and name:
             shm_unlink(name.encode())  # every rank has mapped it (or given up): the name goes now
+        if me == 0:
+            unlink_mapped()  # MPI's segment: every rank is past MPI_Init
         failed = [(r, w) for r, w in enumerate(reasons) if w is not None]
         if failed:
             s.close()
