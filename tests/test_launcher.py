@@ -177,12 +177,30 @@ STOPPING = "fastring-run: rank 1 exited with code {}; stopping the job"
     ("before-mpi", 2, 1, ["RuntimeError: rank 1 failed before MPI", STOPPING.format(1)]),
 ])
 def test_a_failing_rank_ends_the_job(how, np_, code, words):
+    segments = launcher.mpi_segments()
     proc, took, mark = run_failing(how, np_)
     assert proc.returncode == code, proc.stderr
     for word in words:
         assert word in proc.stdout + proc.stderr
     assert took < 15, took  # startup, then the 2 s grace
     assert survivors(mark) == ""
+    # MPICH keeps its segment's name until MPI_Finalize, which these ranks never reach
+    assert launcher.mpi_segments() - segments == set()
+
+
+def test_segments_left_unmapped_are_removed(tmp_path):
+    import mmap
+
+    prefix = str(tmp_path / "mpich_shm_")
+    old, left, mapped = (tmp_path / n for n in ("mpich_shm_old_0", "mpich_shm_left_0", "mpich_shm_used_0"))
+    old.write_bytes(b"x" * 4096)
+    before = launcher.mpi_segments(prefix)
+    assert before == {str(old)}
+    for path in (left, mapped):
+        path.write_bytes(b"x" * 4096)
+    with open(mapped, "r+b") as f, mmap.mmap(f.fileno(), 4096):  # a live process maps it
+        assert launcher.remove_unmapped_segments(before, prefix) == [str(left)]
+    assert old.exists() and mapped.exists() and not left.exists()
 
 
 def test_exit_grace_flag():

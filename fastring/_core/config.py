@@ -158,6 +158,11 @@ SHM_TIMED_CHOICE_MIN_BYTES = 64 * 1024
 # session 9"). Room for the results of a 16 MiB allgather at np=2 and of a few smaller calls
 # beside it.
 SHM_RESULTS_BYTES = 64 << 20
+# Where MPICH (the `mpich` wheel's MPI) names each host's shared-memory segment: it keeps the
+# name until MPI_Finalize, so a killed or aborted job leaves it. The host's first rank unlinks
+# it in `init` (fastring/_transport/shm.pyx, `unlink_mapped`), and fastring-run removes those a
+# job left unmapped (a rank killed before `init`, a program without fastring).
+MPI_SEGMENT_PREFIX = "/dev/shm/mpich_shm_"
 # A wait on the segment spins on loads this long (a peer in step arrives within microseconds),
 # then yields its core between loads until its spin time (WAIT_*_SPIN_SECONDS below) is up: on
 # a loaded machine the peer may be queued behind this very core, and a round barrier that

@@ -73,7 +73,7 @@ from .broadcast cimport vm_copy
 from .cycle cimport HASH, HEADER_WORDS, PAYLOAD_BYTES, block_bytes, combine_blocks, lone_payload, lone_result
 from .mpi cimport Link, TransportBase, back_off, now, reduce_fn_t
 
-from .._core.config import (SHM_ACTIVE_SPIN_SECONDS, SHM_ALLREDUCE_SINGLE_COPY_BYTES, SHM_HOT_SPIN_SECONDS,
+from .._core.config import (MPI_SEGMENT_PREFIX, SHM_ACTIVE_SPIN_SECONDS, SHM_ALLREDUCE_SINGLE_COPY_BYTES, SHM_HOT_SPIN_SECONDS,
                             SHM_PIECES_ROUND_BYTES, SHM_PIPELINE_TILE_BYTES, SHM_REDUCESCATTER_ROUND_BYTES,
                             SHM_SINGLE_COPY_BYTES,
                             SHM_SINGLE_COPY_CHUNK_BYTES, SHM_STREAM_EXCHANGE_LEAD_PIECES, SHM_STREAM_EXCHANGE_MAX_BYTES,
@@ -332,9 +332,6 @@ def remove_orphans(folder: str = "/dev/shm") -> list:
         except OSError:  # another launch removed it first, or it is not ours to remove
             pass
     return removed
-
-
-MPI_SEGMENT_PREFIX = "/dev/shm/mpich_shm_"
 
 
 def unlink_mapped(prefix: str = MPI_SEGMENT_PREFIX, maps: str = "/proc/self/maps") -> list:

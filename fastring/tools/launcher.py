@@ -32,6 +32,7 @@ import time
 # First argument of this file run as a script to become the guard of one rank (see run_rank).
 RANK_FLAG = "--as-rank"
 GRACE_ENV = "FASTRING_EXIT_GRACE"
+JOB_ENV = "FASTRING_RUN_JOB"  # names the job in its ranks' environment (remove_unmapped_segments)
 DEFAULT_GRACE = 2.0
 _STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 _PYTHON_NAME = re.compile(r"python(\d+(\.\d+)*)?$")
@@ -505,8 +506,74 @@ def main(argv: list[str] | None = None) -> int:
             signal.signal(s, handler)
 
 
+def _segment_prefix(prefix: str | None) -> str:
+    if prefix is not None:
+        return prefix
+    # imported here: this file also runs as each rank's guard, alone, outside the package
+    from fastring._core.config import MPI_SEGMENT_PREFIX
+    return MPI_SEGMENT_PREFIX
+
+
+def mpi_segments(prefix: str | None = None) -> set[str]:
+    """The paths of MPI's shared-memory segments (their names start with `prefix`, by default
+    MPICH's: fastring/_core/config.py)."""
+    folder, stem = os.path.split(_segment_prefix(prefix))
+    try:
+        return {os.path.join(folder, f) for f in os.listdir(folder) if f.startswith(stem)}
+    except OSError:
+        return set()
+
+
+def remove_unmapped_segments(before: set[str], prefix: str | None = None,
+                             job: str | None = None) -> list[str]:
+    """Unlink the MPI segments that appeared since `before` and that no process maps, and
+    return their paths: what a job's ranks leave when they die before fastring's `init`
+    (which unlinks the name) or never start fastring. A segment some process still maps (a
+    job beside this one) stays; the processes whose environment holds JOB_ENV=`job` (the
+    finished job's ranks, some perhaps not yet gone) do not count.
+
+    Example:
+        >>> remove_unmapped_segments(set(), prefix="/nonexistent/mpich_shm_")
+        []
+    """
+    prefix = _segment_prefix(prefix)
+    new = mpi_segments(prefix) - before
+    if not new:
+        return []
+    mapped = set()
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            if job is not None and _in_job(int(pid), job):
+                continue
+            with open(f"/proc/{pid}/maps") as f:
+                mapped.update(line.split(None, 5)[5].strip() for line in f if prefix in line)
+        except (OSError, IndexError):  # gone meanwhile, or not ours to read
+            pass
+    removed = []
+    for path in sorted(new - mapped):
+        try:
+            os.unlink(path)
+            removed.append(path)
+        except OSError:
+            pass
+    return removed
+
+
+def _in_job(pid: int, job: str) -> bool:
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            return f"{JOB_ENV}={job}".encode() in f.read().split(b"\0")
+    except OSError:
+        return False
+
+
 def _run(cmd: list[str], env: dict[str, str]) -> int:
-    """Run the job; on SIGINT/SIGTERM stop every rank and return 128 + the signal."""
+    """Run the job; on SIGINT/SIGTERM stop every rank and return 128 + the signal. MPI
+    segments the job left behind are removed after it (`remove_unmapped_segments`)."""
+    segments, job = mpi_segments(), f"{os.getpid()}-{time.monotonic_ns()}"
+    env = {**env, JOB_ENV: job}
     # Blocked until the handlers are set, so a Ctrl-C while the job starts is handled like
     # any other: it arrives at the unblocking below, inside the try.
     signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
@@ -529,6 +596,8 @@ def _run(cmd: list[str], env: dict[str, str]) -> int:
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
+        remove_unmapped_segments(segments, job=job)
+
 
 if __name__ == "__main__":
     if sys.argv[1:2] == [RANK_FLAG]:
