@@ -81,6 +81,7 @@ from .._core.config import (MPI_SEGMENT_PREFIX, SHM_ACTIVE_SPIN_SECONDS, SHM_ALL
                             SHM_STREAMING_STORE_BYTES, WAIT_CYCLE_SPIN_SECONDS)
 from .._core.errors import FastringError
 from .._core.pool import Arena
+from .._core.shm_files import mapped_under, unlink_each
 
 import mmap as pymmap
 import os
@@ -347,21 +348,7 @@ def unlink_mapped(prefix: str = MPI_SEGMENT_PREFIX, maps: str = "/proc/self/maps
         >>> unlink_mapped(maps="/nonexistent")
         []
     """
-    try:
-        with open(maps) as f:
-            fields = [line.split(None, 5) for line in f if prefix in line]
-    except OSError:
-        return []
-    removed = []
-    for path in sorted({f[5].strip() for f in fields if len(f) == 6}):
-        if not path.startswith(prefix) or path.endswith(" (deleted)"):
-            continue
-        try:
-            os.unlink(path)
-            removed.append(path)
-        except OSError:  # gone already, or not ours to remove
-            pass
-    return removed
+    return unlink_each(mapped_under(prefix, maps))
 
 
 def _alive(pid: int) -> bool:

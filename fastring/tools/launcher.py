@@ -536,29 +536,19 @@ def remove_unmapped_segments(before: set[str], prefix: str | None = None,
         >>> remove_unmapped_segments(set(), prefix="/nonexistent/mpich_shm_")
         []
     """
+    from fastring._core.shm_files import mapped_under, unlink_each  # here: see _segment_prefix
+
     prefix = _segment_prefix(prefix)
     new = mpi_segments(prefix) - before
     if not new:
         return []
     mapped = set()
     for pid in os.listdir("/proc"):
-        if not pid.isdigit():
-            continue
-        try:
-            if job is not None and _in_job(int(pid), job):
-                continue
-            with open(f"/proc/{pid}/maps") as f:
-                mapped.update(line.split(None, 5)[5].strip() for line in f if prefix in line)
-        except (OSError, IndexError):  # gone meanwhile, or not ours to read
-            pass
-    removed = []
-    for path in sorted(new - mapped):
-        try:
-            os.unlink(path)
-            removed.append(path)
-        except OSError:
-            pass
-    return removed
+        if pid.isdigit():
+            found = mapped_under(prefix, f"/proc/{pid}/maps") & new
+            if found and not (job is not None and _in_job(int(pid), job)):
+                mapped |= found
+    return unlink_each(new - mapped)
 
 
 def _in_job(pid: int, job: str) -> bool:
