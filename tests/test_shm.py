@@ -13,6 +13,7 @@ import subprocess
 import pytest
 
 from conftest import run_ranks
+from fastring.tools import launcher
 
 
 def segments_of(output: str) -> list[str]:
@@ -36,21 +37,17 @@ def test_ranks_agree_on_the_cores():
     assert "OK shm affinity on 2 ranks" in proc.stdout
 
 
-def mpi_segments() -> set[str]:
-    return {f for f in os.listdir("/dev/shm") if f.startswith("mpich_shm_")}
-
-
 def test_nothing_left_after_a_failed_rank():
     """Neither fastring's segment nor MPICH's (whose name MPICH keeps until MPI_Finalize,
     which a killed or aborted job never reaches)."""
     for case in ("raise", "kill"):
-        before = mpi_segments()
+        before = launcher.mpi_segments()
         proc = run_ranks(2, "shm", case, expect_rc=None)
         assert proc.returncode != 0, proc.stdout + proc.stderr
         if case == "raise":
             assert "rank 0: FastringError" in proc.stdout, proc.stdout + proc.stderr
         assert segments_of(proc.stdout) == [], proc.stdout
-        assert mpi_segments() - before == set(), case
+        assert launcher.mpi_segments() - before == set(), case
     # the next launch works
     assert "OK shm quick on 2 ranks" in run_ranks(2, "shm", "quick").stdout
 
