@@ -2,8 +2,9 @@
 alltoall, reducescatter, barrier and the object forms.
 
 Each takes `process_set=` (fastring.api.process_sets; None: every rank) and is one Request
-for that set's engine, built by one `_<op>_request` function that both the
-synchronous form (`engine.run`) and the `_async` form (`engine.submit`) use. Arguments are
+for that set's engine, whose parts one `_<op>_parts` function gives to both the synchronous
+form (`_run`: the engine's lean path while nothing is queued, else the Request, waited for)
+and the `_async` form (`_submit`). Arguments are
 checked at call time (ValueError/TypeError on the calling rank); what only the ranks together
 can check (dtype, trailing dimensions, root rank, op, scale factors) goes into the request's
 fields, which the engine compares across ranks before anything moves. How the bytes move is
@@ -30,7 +31,7 @@ from ..algorithms import InCycle, broadcast_bytes, chunk_offsets
 from ..algorithms.adasum import ADASUM_DTYPES, adasum_allreduce as _adasum
 from ..algorithms.collectives import (allgather_concat, allgather_rows, alltoall_rows, byte_offsets, gather_counts,
                                       reduce_scatter_rows, row_bytes)
-from ..engine import Engine, Handle, Request
+from ..engine import Handle, Request
 from .process_sets import runtime_of, set_rank
 from .validation import check_op_for_dtype, entry, factor, request_name
 
@@ -41,10 +42,15 @@ except ImportError:  # pragma: no cover - cloudpickle is a dependency, pickle th
 
 
 # ----------------------------------------------------------------- shared pieces
-def _request(rt: Runtime, kind: str, name: str, fields: tuple, nbytes: int,
-             execute: Callable[[Runtime], Any]) -> tuple[Engine, Request]:
-    """The Request of one collective named `name` (see validation.request_name), and its engine."""
-    return rt.engine, _request_of(rt, kind, name, (("collective", kind),) + fields, nbytes, execute)
+def _parts(rt: Runtime, kind: str, name: str, fields: tuple, nbytes: int, execute: Callable[..., Any]) -> tuple:
+    """`_request_of`'s arguments for one collective named `name` (see validation.request_name):
+    its kind goes first in its fields, which are one object per signature (see `_kept`)."""
+    return rt, kind, name, _kept((("collective", kind),) + fields), nbytes, execute
+
+
+def _submit(parts: tuple) -> Handle:
+    """The asynchronous form of a collective given as `_request_of`'s arguments."""
+    return parts[0].engine.submit(_request_of(*parts))
 
 
 def _rows_array(tensor, kind: str) -> tuple[np.ndarray, DtypeSpec]:
@@ -57,10 +63,22 @@ def _rows_array(tensor, kind: str) -> tuple[np.ndarray, DtypeSpec]:
     return arr, spec
 
 
-# (kind, dtype, trailing shape) -> the fields of an allgather or alltoall, one object per
-# signature: the engine's caches then compare a call's fields at once (api/allreduce._fields)
+# (kind, dtype, trailing shape) -> the fields of an allgather or alltoall, and every other
+# collective's fields -> themselves: one object per signature, so that the engine's caches
+# compare a call's fields at once (api/allreduce._fields)
 _ROWS_FIELDS: dict[tuple, tuple] = {}
+_FIELDS: dict[tuple, tuple] = {}
 ROWS_FIELDS_KEPT = 4096  # distinct signatures remembered (then built each call)
+
+
+def _kept(fields: tuple) -> tuple:
+    """The one object equal to `fields` that calls of this signature share."""
+    kept = _FIELDS.get(fields)
+    if kept is None:
+        kept = fields
+        if len(_FIELDS) < ROWS_FIELDS_KEPT:
+            _FIELDS[fields] = fields
+    return kept
 
 
 def _rows_fields(kind: str, arr: np.ndarray, spec: DtypeSpec) -> tuple:
@@ -90,8 +108,11 @@ def _run(rt: Runtime, kind: str, name: str, fields: tuple, nbytes: int, execute:
     that the `_async` form submits (`execute(rt)`), waited for."""
     def request(assigned: str) -> Request:
         return _request_of(rt, kind, assigned, fields, nbytes, execute)
-    result = rt.engine.lone_run(kind, name, fields, lambda assigned, summed: execute(rt, summed), request, counts)
-    return rt.engine.run(request(name)) if result is None else result
+
+    def run(assigned: str, summed: np.ndarray | None):
+        return execute(rt) if summed is None else execute(rt, summed)
+    done = rt.engine.lone_run(kind, name, fields, run, request, counts)
+    return rt.engine.run(request(name)) if done is None else done[0]
 
 
 # (ranks, rank, this rank's row count or equal split) -> their cycle payload (read-only,
@@ -154,8 +175,7 @@ def allgather_async(tensor, *, name: str | None = None, process_set=None) -> Han
         >>> fastring.allgather_async(np.arange(2), name="ids").wait()   # on 1 rank
         array([0, 1])
     """
-    parts = _allgather_parts(tensor, name, process_set)
-    return parts[0].engine.submit(_request_of(*parts))
+    return _submit(_allgather_parts(tensor, name, process_set))
 
 
 def allgather(tensor, *, name: str | None = None, process_set=None):
@@ -175,7 +195,7 @@ def allgather(tensor, *, name: str | None = None, process_set=None):
 
 
 # ----------------------------------------------------------------- broadcast
-def _broadcast_request(tensor, root_rank, name, out, process_set) -> tuple[Engine, Request]:
+def _broadcast_parts(tensor, root_rank, name, out, process_set) -> tuple:
     rt = runtime_of(process_set)
     name = request_name(rt, "broadcast", name)
     root = _root(root_rank, rt)
@@ -198,7 +218,7 @@ def _broadcast_request(tensor, root_rank, name, out, process_set) -> tuple[Engin
         return e.result
 
     fields = (("dtype", spec.name), ("shape", arr.shape), ("root_rank", root), ("device", "cpu"))
-    return _request(rt, "broadcast", name, fields, arr.nbytes, execute)
+    return _parts(rt, "broadcast", name, fields, arr.nbytes, execute)
 
 
 def broadcast_async(tensor, root_rank: int, *, name: str | None = None, out=None,
@@ -213,8 +233,7 @@ def broadcast_async(tensor, root_rank: int, *, name: str | None = None, out=None
         >>> fastring.broadcast_async(np.arange(3.0), 0, name="w").wait()
         array([0., 1., 2.])
     """
-    engine, request = _broadcast_request(tensor, root_rank, name, out, process_set)
-    return engine.submit(request)
+    return _submit(_broadcast_parts(tensor, root_rank, name, out, process_set))
 
 
 def broadcast(tensor, root_rank: int, *, name: str | None = None, out=None, process_set=None):
@@ -232,8 +251,7 @@ def broadcast(tensor, root_rank: int, *, name: str | None = None, out=None, proc
         >>> fastring.broadcast(w, root_rank=0, out=w)   # every rank now holds rank 0's w
         array([0., 0., 0.])
     """
-    engine, request = _broadcast_request(tensor, root_rank, name, out, process_set)
-    return engine.run(request)
+    return _run(*_broadcast_parts(tensor, root_rank, name, out, process_set))
 
 
 # ----------------------------------------------------------------- alltoall
@@ -304,8 +322,7 @@ def alltoall_async(tensor, splits=None, *, name: str | None = None, process_set=
         >>> out, got
         (array([0, 1]), array([2], dtype=int32))
     """
-    parts = _alltoall_parts(tensor, splits, name, process_set)
-    return parts[0].engine.submit(_request_of(*parts))
+    return _submit(_alltoall_parts(tensor, splits, name, process_set))
 
 
 def alltoall(tensor, splits=None, *, name: str | None = None, process_set=None):
@@ -329,7 +346,7 @@ def alltoall(tensor, splits=None, *, name: str | None = None, process_set=None):
 
 
 # ----------------------------------------------------------------- reducescatter
-def _reducescatter_request(tensor, op, name, prescale_factor, postscale_factor, process_set) -> tuple[Engine, Request]:
+def _reducescatter_parts(tensor, op, name, prescale_factor, postscale_factor, process_set) -> tuple:
     rt = runtime_of(process_set)
     op = as_reduce_op(op)
     prescale = factor(prescale_factor, "prescale_factor")
@@ -345,7 +362,7 @@ def _reducescatter_request(tensor, op, name, prescale_factor, postscale_factor, 
 
     fields = (("dtype", spec.name), ("shape", arr.shape), ("op", op.name),
               ("prescale_factor", prescale), ("postscale_factor", postscale), ("device", "cpu"))
-    return _request(rt, "reducescatter", name, fields, arr.nbytes, execute)
+    return _parts(rt, "reducescatter", name, fields, arr.nbytes, execute)
 
 
 def reducescatter_async(tensor, op: ReduceOp = ReduceOp.Average, *, name: str | None = None,
@@ -360,8 +377,7 @@ def reducescatter_async(tensor, op: ReduceOp = ReduceOp.Average, *, name: str | 
         >>> fastring.reducescatter_async(np.ones(4), op=fastring.Sum).wait()   # on 1 rank
         array([1., 1., 1., 1.])
     """
-    engine, request = _reducescatter_request(tensor, op, name, prescale_factor, postscale_factor, process_set)
-    return engine.submit(request)
+    return _submit(_reducescatter_parts(tensor, op, name, prescale_factor, postscale_factor, process_set))
 
 
 def reducescatter(tensor, op: ReduceOp = ReduceOp.Average, *, name: str | None = None,
@@ -382,8 +398,7 @@ def reducescatter(tensor, op: ReduceOp = ReduceOp.Average, *, name: str | None =
                [2., 3.],
                [4., 5.]])
     """
-    engine, request = _reducescatter_request(tensor, op, name, prescale_factor, postscale_factor, process_set)
-    return engine.run(request)
+    return _run(*_reducescatter_parts(tensor, op, name, prescale_factor, postscale_factor, process_set))
 
 
 # ----------------------------------------------------------------- grouped allgather and reducescatter
@@ -395,7 +410,7 @@ def _tensor_list(tensors, kind: str) -> list:
     return list(tensors)
 
 
-def _grouped_allgather_request(tensors, name, process_set) -> tuple[Engine, Request]:
+def _grouped_allgather_parts(tensors, name, process_set) -> tuple:
     rt = runtime_of(process_set)
     name = request_name(rt, "grouped_allgather", name)
     tensors = _tensor_list(tensors, "grouped_allgather")
@@ -425,7 +440,7 @@ def _grouped_allgather_request(tensors, name, process_set) -> tuple[Engine, Requ
 
     fields = (("dtypes", tuple(spec.name for _, spec in arrays)),
               ("trailing_shapes", tuple(a.shape[1:] for a, _ in arrays)), ("device", "cpu"))
-    return _request(rt, "grouped_allgather", name, fields, sum(a.nbytes for a, _ in arrays), execute)
+    return _parts(rt, "grouped_allgather", name, fields, sum(a.nbytes for a, _ in arrays), execute)
 
 
 def grouped_allgather_async(tensors, *, name: str | None = None, process_set=None) -> Handle:
@@ -437,8 +452,7 @@ def grouped_allgather_async(tensors, *, name: str | None = None, process_set=Non
         >>> fastring.grouped_allgather_async([np.arange(2), np.ones((1, 2))]).wait()   # on 1 rank
         [array([0, 1]), array([[1., 1.]])]
     """
-    engine, request = _grouped_allgather_request(tensors, name, process_set)
-    return engine.submit(request)
+    return _submit(_grouped_allgather_parts(tensors, name, process_set))
 
 
 def grouped_allgather(tensors, *, name: str | None = None, process_set=None) -> list:
@@ -452,12 +466,11 @@ def grouped_allgather(tensors, *, name: str | None = None, process_set=None) -> 
         >>> [a.shape for a in fastring.grouped_allgather([np.ones((2, 3)), np.ones(4)])]   # 1 rank
         [(2, 3), (4,)]
     """
-    engine, request = _grouped_allgather_request(tensors, name, process_set)
-    return engine.run(request)
+    return _run(*_grouped_allgather_parts(tensors, name, process_set))
 
 
-def _grouped_reducescatter_request(tensors, op, name, prescale_factor, postscale_factor,
-                                   process_set) -> tuple[Engine, Request]:
+def _grouped_reducescatter_parts(tensors, op, name, prescale_factor, postscale_factor,
+                                   process_set) -> tuple:
     rt = runtime_of(process_set)
     op = as_reduce_op(op)
     prescale = factor(prescale_factor, "prescale_factor")
@@ -491,7 +504,7 @@ def _grouped_reducescatter_request(tensors, op, name, prescale_factor, postscale
 
     fields = (("dtype", spec.name), ("shapes", tuple(a.shape for a in arrays)), ("op", op.name),
               ("prescale_factor", prescale), ("postscale_factor", postscale), ("device", "cpu"))
-    return _request(rt, "grouped_reducescatter", name, fields, sum(a.nbytes for a in arrays), execute)
+    return _parts(rt, "grouped_reducescatter", name, fields, sum(a.nbytes for a in arrays), execute)
 
 
 def grouped_reducescatter_async(tensors, op: ReduceOp = ReduceOp.Average, *, name: str | None = None,
@@ -505,9 +518,8 @@ def grouped_reducescatter_async(tensors, op: ReduceOp = ReduceOp.Average, *, nam
         >>> fastring.grouped_reducescatter_async([np.ones(2), np.ones(3)], op=fastring.Sum).wait()
         [array([1., 1.]), array([1., 1., 1.])]
     """
-    engine, request = _grouped_reducescatter_request(tensors, op, name, prescale_factor, postscale_factor,
-                                                     process_set)
-    return engine.submit(request)
+    return _submit(_grouped_reducescatter_parts(tensors, op, name, prescale_factor, postscale_factor,
+                                                     process_set))
 
 
 def grouped_reducescatter(tensors, op: ReduceOp = ReduceOp.Average, *, name: str | None = None,
@@ -522,13 +534,12 @@ def grouped_reducescatter(tensors, op: ReduceOp = ReduceOp.Average, *, name: str
         >>> fastring.grouped_reducescatter([np.ones((2, 2)), np.arange(3.0)], op=fastring.Sum)[1]
         array([0., 1., 2.])
     """
-    engine, request = _grouped_reducescatter_request(tensors, op, name, prescale_factor, postscale_factor,
-                                                     process_set)
-    return engine.run(request)
+    return _run(*_grouped_reducescatter_parts(tensors, op, name, prescale_factor, postscale_factor,
+                                                     process_set))
 
 
 # ----------------------------------------------------------------- Adasum
-def _adasum_request(tensor, name, process_set) -> tuple[Engine, Request]:
+def _adasum_parts(tensor, name, process_set) -> tuple:
     rt = runtime_of(process_set)
     name = request_name(rt, "adasum", name)
     arr = as_array(tensor)
@@ -542,7 +553,7 @@ def _adasum_request(tensor, name, process_set) -> tuple[Engine, Request]:
         return like(tensor, _adasum(rt, arr))
 
     fields = (("dtype", arr.dtype.name), ("shape", arr.shape), ("device", "cpu"))
-    return _request(rt, "adasum", name, fields, arr.nbytes, execute)
+    return _parts(rt, "adasum", name, fields, arr.nbytes, execute)
 
 
 def adasum_allreduce_async(tensor, *, name: str | None = None, process_set=None) -> Handle:
@@ -554,8 +565,7 @@ def adasum_allreduce_async(tensor, *, name: str | None = None, process_set=None)
         >>> fastring.adasum_allreduce_async(np.ones(2)).wait()   # on 1 rank
         array([1., 1.])
     """
-    engine, request = _adasum_request(tensor, name, process_set)
-    return engine.submit(request)
+    return _submit(_adasum_parts(tensor, name, process_set))
 
 
 def adasum_allreduce(tensor, *, name: str | None = None, process_set=None):
@@ -569,8 +579,7 @@ def adasum_allreduce(tensor, *, name: str | None = None, process_set=None):
         >>> fastring.adasum_allreduce(np.array([3.0, 4.0]))   # on 1 rank: the tensor itself
         array([3., 4.])
     """
-    engine, request = _adasum_request(tensor, name, process_set)
-    return engine.run(request)
+    return _run(*_adasum_parts(tensor, name, process_set))
 
 
 # ----------------------------------------------------------------- barrier and objects
@@ -585,8 +594,7 @@ def barrier(process_set=None) -> None:
     """
     rt = runtime_of(process_set)
     name = request_name(rt, "barrier", None)
-    engine, request = _request(rt, "barrier", name, (), 0, lambda r: r.transport.barrier())
-    engine.run(request)
+    _run(*_parts(rt, "barrier", name, (), 0, lambda r: r.transport.barrier()))
 
 
 def _serialize(obj) -> tuple[np.ndarray, int]:
@@ -634,8 +642,7 @@ def broadcast_object(obj: Any, root_rank: int = 0, name: str | None = None, proc
                                 f"{data.tobytes().decode('utf-8', 'replace')}")
         return obj if rt.rank == root else pickle.loads(data)
 
-    engine, request = _request(rt, "broadcast_object", name, (("root_rank", root),), 0, execute)
-    return engine.run(request)
+    return _run(*_parts(rt, "broadcast_object", name, (("root_rank", root),), 0, execute))
 
 
 def allgather_object(obj: Any, name: str | None = None, process_set=None) -> list:
@@ -666,5 +673,4 @@ def allgather_object(obj: Any, name: str | None = None, process_set=None) -> lis
                 f"rank {r}: {pieces[r].tobytes().decode('utf-8', 'replace')}" for r in failed))
         return [pickle.loads(p) for p in pieces]
 
-    engine, request = _request(rt, "allgather_object", name, (), 0, execute)
-    return engine.run(request)
+    return _run(*_parts(rt, "allgather_object", name, (), 0, execute))

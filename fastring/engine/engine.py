@@ -230,7 +230,8 @@ class Engine:
             block = _pool.empty((nbytes // spec.dtype.itemsize,), spec.dtype)
             self._executor.reduce_group(assigned, arrays, block, spec, op, self._average_finish(op))
             return views_of(block, arrays)
-        return self.lone_run("grouped_allreduce", name, fields, run, request)
+        done = self.lone_run("grouped_allreduce", name, fields, run, request)
+        return None if done is None else done[0]
 
     def lone_run(self, kind: str, name: str | None, fields: tuple, run: Callable[[str, np.ndarray | None], object],
                  request: Callable[[str], Request], counts: np.ndarray | None = None):
@@ -242,8 +243,8 @@ class Engine:
         over the ranks: what every rank would otherwise exchange first. A rank whose
         proposal carries no counts (the general path) makes the cycle fail on every rank,
         so the sum is never partial. `summed` is None without counts. `name` None: the next
-        automatic name of `kind`. Returns run's result (never None), or None when the general
-        path must take the call; nothing has happened then. An error of `run` itself is the
+        automatic name of `kind`. Returns (the call's result,) (of run, or of the queued
+        request), or None when the general path must take the call; nothing has happened then. An error of `run` itself is the
         caller's alone, as in execution."""
         if not self._idle():
             return None
@@ -265,10 +266,10 @@ class Engine:
                 raise
             if req is None:
                 self._executor.running = (kind, [name])  # for a stall's message
-                return run(name, summed)
+                return (run(name, summed),)
         finally:
             self._cycle_lock.release()
-        return self._wait_queued(req)
+        return (self._wait_queued(req),)
 
     def _lone_signature(self, name: str, fields: tuple, op: ReduceOp, dtype: np.dtype) -> tuple:
         """(the request's hash, the reducer of its payload: `op` over `dtype`) of a lean call,

@@ -15,6 +15,7 @@ import numpy as np
 import _common as c
 import fastring
 from fastring._core.runtime import runtime
+from fastring.api import collectives as api_collectives
 from fastring._transport.testing import set_pid
 
 framework = sys.argv[1]
@@ -282,6 +283,31 @@ for k in range(2):
     fastring.barrier()
     if not os.path.exists(f"{marker}{k}"):
         c.fail(f"barrier {k} returned before rank {N - 1} reached it")
+
+# A synchronous call whose result is None (a barrier, an object that is None) runs once, on the
+# lean path and where the ranks' cycles disagree: rank 0 reaches the barrier with a broadcast
+# still queued, so the others' lean cycles fail and their barrier waits as a request.
+moved = []
+real_broadcast_bytes = api_collectives.broadcast_bytes
+api_collectives.broadcast_bytes = lambda *a: moved.append(a[1].nbytes) or real_broadcast_bytes(*a)
+try:
+    for how in ("lean", "queued"):
+        moved.clear()
+        early = (fastring.broadcast_async(np.full(3, R), 0, name=f"queued bc {how}")
+                 if how == "queued" and R == 0 else None)
+        if fastring.broadcast_object(None) is not None:
+            c.fail(f"broadcast_object of None ({how})")
+        fastring.barrier()
+        later = (early or fastring.broadcast_async(np.full(3, R), 0, name=f"queued bc {how}")) if how == "queued" else None
+        if later is not None:
+            exact(f"broadcast queued before a barrier {how}", later.wait(), np.zeros(3, np.int64), np.dtype(np.int64))
+        # broadcast_object moves its 8-byte header and then its bytes (two broadcasts), once;
+        # the queued broadcast moves 24 bytes
+        queued = how == "queued"
+        if moved.count(8) != 1 or len(moved) != 2 + queued or moved.count(24) != queued:
+            c.fail(f"broadcasts of broadcast_object(None) and a barrier ({how}): {moved}")
+finally:
+    api_collectives.broadcast_bytes = real_broadcast_bytes
 
 # --------------------------------------------------------------------------- objects
 for root in range(N):
