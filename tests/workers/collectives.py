@@ -300,7 +300,8 @@ try:
         fastring.barrier()
         later = (early or fastring.broadcast_async(np.full(3, R), 0, name=f"queued bc {how}")) if how == "queued" else None
         if later is not None:
-            exact(f"broadcast queued before a barrier {how}", later.wait(), np.zeros(3, np.int64), np.dtype(np.int64))
+            exact(f"broadcast queued before a barrier {how}", later.wait(), np.zeros(3, np.int64), np.dtype(np.int64),
+                  fw=False)
         # broadcast_object moves its 8-byte header and then its bytes (two broadcasts), once;
         # the queued broadcast moves 24 bytes
         queued = how == "queued"
