@@ -83,6 +83,13 @@ SHM_COLLECTIVE_MAX_BYTES = 1 << 20
 # scripts/bench_reducescatter.py).
 SHM_REDUCESCATTER_MAX_BYTES = 16 << 20
 SHM_REDUCESCATTER_ROUND_BYTES = 256 << 10
+# How a rank writes its input's rounds into the segment for the others to reduce: plain stores
+# (the lines then move from its cache to the reader's) or streaming stores (to memory, read
+# from there). Which is faster changes from one launch to the next on one machine: at 1 MiB of
+# input, np=2, plain 45-54 µs and streaming 80-95 in most launches, plain 267-305 and
+# streaming 62-78 in others (BENCHMARKS.md, "Round 2, session 12"), so the calls time both
+# (fastring.algorithms.choice).
+SHM_REDUCESCATTER_WAYS = ("cached", "streaming")
 # Where the ranks may copy between their memories (Cross Memory Attach), allgather and
 # alltoall from SHM_SINGLE_COPY_BYTES moved between the ranks, and allreduce from
 # SHM_ALLREDUCE_SINGLE_COPY_BYTES, copy straight between the ranks' buffers instead of through

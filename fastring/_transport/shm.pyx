@@ -1645,7 +1645,7 @@ cdef class SharedSegment:
         return 0
 
     def reduce_scatter(self, uintptr_t src, const int64_t[::1] offsets, uintptr_t dst,
-                       uintptr_t reduce_fn, int64_t itemsize):
+                       uintptr_t reduce_fn, int64_t itemsize, bint streaming=False):
         """Rank r receives at `dst` the reduction of every rank's bytes
         src[offsets[r]:offsets[r + 1]] (offsets in bytes, multiples of `itemsize`; `src` is
         left as it is). In rounds: each rank copies a piece of every other rank's part into
@@ -1664,13 +1664,13 @@ cdef class SharedSegment:
         try:
             with nogil:
                 self._reduce_scatter(<char*> src, &offsets[0], <char*> dst, <reduce_fn_t> reduce_fn,
-                                     itemsize, most, width)
+                                     itemsize, most, width, streaming)
         except BaseException:
             self._failed()
             raise
 
     cdef int _reduce_scatter(self, char* src, const int64_t* offsets, char* dst, reduce_fn_t reduce,
-                             int64_t itemsize, int64_t most, int64_t width) except -1 nogil:
+                             int64_t itemsize, int64_t most, int64_t width, bint streaming) except -1 nogil:
         cdef int n = self.size, me = self.rank, r, j
         cdef int64_t lo = 0, piece, off, k
         cdef int64_t sub = SUB_BYTES // itemsize * itemsize if SUB_BYTES >= itemsize else itemsize
@@ -1682,7 +1682,10 @@ cdef class SharedSegment:
             for j in range(n):
                 piece = min(width, offsets[j + 1] - offsets[j] - lo)
                 if j != me and piece > 0:
-                    fr_copy(self._data(me, round_) + j * width, src + offsets[j] + lo, piece)
+                    if streaming:
+                        fr_copy_streaming(self._data(me, round_) + j * width, src + offsets[j] + lo, piece)
+                    else:
+                        fr_copy(self._data(me, round_) + j * width, src + offsets[j] + lo, piece)
             self._data_arrive()
             piece = min(width, offsets[me + 1] - offsets[me] - lo)
             # In L1-sized pieces, each copied and then reduced into while still in cache.

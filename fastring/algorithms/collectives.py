@@ -41,7 +41,8 @@ import numpy as np
 from .. import kernels
 from .._core import pool as _pool
 from .._core.config import (BROADCAST_CHAIN_BYTES, BROADCAST_SEGMENT_BYTES, BROADCAST_SINGLE_COPY_BYTES,
-                            SHM_COLLECTIVE_MAX_BYTES, SHM_REDUCESCATTER_MAX_BYTES, SHM_STREAM_BROADCAST_MAX_BYTES,
+                            SHM_COLLECTIVE_MAX_BYTES, SHM_REDUCESCATTER_MAX_BYTES, SHM_REDUCESCATTER_WAYS,
+                            SHM_STREAM_BROADCAST_MAX_BYTES,
                             SHM_STREAM_EXCHANGE_MAX_BYTES, SHM_TIMED_CHOICE_MIN_BYTES)
 from .._core.dtypes import spec_of
 from .._core.ops import KERNEL_OP, ReduceOp
@@ -318,12 +319,11 @@ def reduce_scatter_rows(rt, arr: np.ndarray, work: AllreduceWork, counts: np.nda
     itemsize = spec.dtype.itemsize
     rows = chunk_offsets(arr.shape[0], rt.size, 1) if counts is None else byte_offsets(counts, 1)
     offsets = rows * row_bytes(arr)
+    total = int(offsets[-1])
     out = _pool.empty((int(rows[rt.rank + 1] - rows[rt.rank]),) + arr.shape[1:], arr.dtype)
-    largest = int(np.diff(offsets).max())
-    segment = ring_segment(rt, itemsize)
-    # Scratch: two chunks for the ring, then (when the input must be scaled first) a copy
-    # of the input.
-    scaled_at = -(-2 * largest // 64) * 64
+    by_segment = rt.shm is not None and total <= SHM_REDUCESCATTER_MAX_BYTES
+    # Scratch: for the ring, two chunks; then, when the input must be scaled first, a copy of it.
+    scaled_at = 0 if by_segment else -(-2 * int(np.diff(offsets).max()) // 64) * 64
     need_copy = work.prescale != 1.0 or predivides(work, rt.size)
     scratch = rt.scratch(scaled_at + (arr.nbytes if need_copy else 0))
     src = arr
@@ -333,13 +333,18 @@ def reduce_scatter_rows(rt, arr: np.ndarray, work: AllreduceWork, counts: np.nda
         prescale(work, src.reshape(-1), rt.size)
     elif not is_c_contiguous(arr):
         src = np.ascontiguousarray(arr)
-    if offsets[-1] and rt.shm is not None and offsets[-1] <= SHM_REDUCESCATTER_MAX_BYTES:
-        rt.shm.reduce_scatter(array_address(src), offsets, array_address(out),
-                              kernels.reduce_cfunc(KERNEL_OP[op], spec.dtype), itemsize)
-    elif offsets[-1]:
+    reduce_fn = kernels.reduce_cfunc(KERNEL_OP[op], spec.dtype)
+    if total and by_segment:
+        def reduce_scatter(way: str) -> None:
+            rt.shm.reduce_scatter(array_address(src), offsets, array_address(out), reduce_fn, itemsize,
+                                  way == "streaming")
+        if total >= SHM_TIMED_CHOICE_MIN_BYTES:
+            choice_of(rt, "reducescatter", SHM_REDUCESCATTER_WAYS).run(rt, total, reduce_scatter)
+        else:
+            reduce_scatter("cached")
+    elif total:
         ring_reduce_scatter_into(rt.transport, array_address(src), offsets, array_address(out),
-                                 array_address(scratch), segment,
-                                 kernels.reduce_cfunc(KERNEL_OP[op], spec.dtype), itemsize)
+                                 array_address(scratch), ring_segment(rt, itemsize), reduce_fn, itemsize)
     finalize = finalizer(work, rt.size)
     if finalize is not None:
         finalize(out.reshape(-1))

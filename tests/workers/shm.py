@@ -36,7 +36,7 @@ import fastring
 from fastring._core.config import (SHM_ONE_STEP_BYTES, SHM_PIECES_ROUND_BYTES, SHM_PIPELINE_TILE_BYTES,
                                    SHM_SINGLE_COPY_CHUNK_BYTES, SHM_STREAM_EXCHANGE_MAX_BYTES,
                                    SHM_STREAM_LARGE_PIECE_BYTES, SHM_STREAM_PIECE_BYTES, SHM_STREAMING_STORE_BYTES,
-                                   SHM_TILE_BYTES, SHM_TIMED_CHOICE_MIN_BYTES)
+                                   SHM_REDUCESCATTER_WAYS, SHM_TILE_BYTES, SHM_TIMED_CHOICE_MIN_BYTES)
 from fastring._core.runtime import runtime
 from fastring._transport import CYCLE_HEADER_WORDS, SPECULATION_FAILED, array_address
 from fastring._transport.shm import copy_streaming
@@ -512,8 +512,9 @@ def results_area(tag):
 
 
 def timed_choices(tag):
-    """The one-host broadcast, allgather and alltoall whose way (streamed or by single copy)
-    is the faster measured for their size (algorithms.choice.TimedChoice), with a period of 4
+    """The one-host broadcast, allgather and alltoall whose way (streamed or by single copy),
+    and the reducescatter whose stores into the segment (cached or streaming), are the faster
+    measured for their size (algorithms.choice.TimedChoice), with a period of 4
     calls so that both ways run several times each: every call's result exact, checked after
     all ran, from every root in turn and with uneven rows; both ways timed for each; and every
     rank's record of the times the same (or the ranks would part ways). Results from the heap:
@@ -529,9 +530,10 @@ def timed_choices(tag):
 def _timed_choices(tag):
     from fastring.algorithms import choice
     period = 4
-    ways = ("stream", "single copy")
-    for collective in ("broadcast", "allgather", "alltoall"):
-        rt.choices[collective] = choice.TimedChoice(ways, period)
+    ways = {"broadcast": ("stream", "single copy"), "allgather": ("stream", "single copy"),
+            "alltoall": ("stream", "single copy"), "reducescatter": SHM_REDUCESCATTER_WAYS}
+    for collective, its_ways in ways.items():
+        rt.choices[collective] = choice.TimedChoice(its_ways, period)
     nbytes = SHM_TIMED_CHOICE_MIN_BYTES + 4 * 999
     results = []
     for k in range(3 * period + 1):
@@ -548,9 +550,13 @@ def _timed_choices(tag):
         got, _ = fastring.alltoall(inputs[R], splits=[to(R, j) for j in range(N)], name="timed a2a")
         results.append((f"alltoall {k}", got,
                         np.concatenate([inputs[r][starts[r][R]:starts[r][R + 1]] for r in range(N)])))
+        # rows of 3 int32, not a multiple of N: the first ranks' parts one row longer
+        rows = [c.rank_input(np.dtype(np.int32), (nbytes // 12 + 1, 3), r, 500 + k) % 100_000 for r in range(N)]
+        results.append((f"reducescatter {k}", fastring.reducescatter(rows[R], op=fastring.Sum, name="timed rs"),
+                        np.array_split(sum(rows), N)[R]))
     for what, got, expect in results:
         c.check_close(f"{what} by timed choice {tag}", got, expect, 0)
-    for collective in ("broadcast", "allgather", "alltoall"):
+    for collective in ways:
         learnt = rt.choices[collective]._sizes
         c.CHECKS.check(len(learnt) == 1 and all(len(t) >= 2 for t in next(iter(learnt.values()))[2]),
                        f"{collective}: both ways timed {tag}: {learnt}")
