@@ -137,7 +137,8 @@ def test_timed_choice():
     """algorithms.choice.TimedChoice: each way twice in turn, each timed call right after an
     untimed one of the same way, then the one with the lowest of its last times, each warmed
     and timed once more at the end of every period; a way that turns slow loses the choice
-    once its last `kept` times are slow, one that turns fast wins it at its next timing; sizes
+    once its last `kept` times are slow, one that turns fast wins it at its next timing; a way
+    k times slower than the chosen one is timed in one period of k; sizes
     of another power of two learn on their own; a period too short to warm and time every way
     is refused. Its docstring example runs too."""
     import pytest
@@ -156,13 +157,19 @@ def test_timed_choice():
                 c.record(1000, way, cost[way])
         return ran
     assert run(8) == ["a", "a*", "b", "b*"] * 2
-    assert run(12) == ["a", "a*", "b", "b*", "a", "a"] * 2  # calls 8-11 of 6-call periods timed
+    # calls 8-11 of 6-call periods timed: a in every period, b (2x slower) in one of two
+    assert run(12) == ["a", "a*", "a", "a", "a", "a", "a", "a*", "b", "b*", "a", "a"]
     cost["a"] = 3.0  # a turns slow: once its last `kept` timings are all slow, b runs
     ran = run(6 * c.kept)
-    assert ran == ["a", "a*", "b", "b*", "a", "a"] * (c.kept - 1) + ["a", "a*", "b", "b*", "b", "b"]
+    assert ran == ["a", "a*", "a", "a", "a", "a", "a", "a*", "b", "b*", "a", "a",
+                   "a", "a*", "b", "b*", "b", "b"]
     cost["a"] = 0.5  # a turns fast: its next timing wins it back within a period
     assert run(6)[-2:] == ["a", "a"]
     assert c.pick(1 << 20) == ("a", False)  # another size starts afresh, warming a up
+    # a way 5x slower is timed (warmed, then timed) in one period of five
+    c, cost = choice.TimedChoice(("a", "b"), period=6), {"a": 1.0, "b": 5.0}
+    run(8)
+    assert [i for i, way in enumerate(run(60)) if way[0] == "b"] == [26, 27, 56, 57]
     with pytest.raises(ValueError, match="period of 3 calls cannot warm up and time 2 ways"):
         choice.TimedChoice(("a", "b"), period=3)
 

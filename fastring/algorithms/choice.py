@@ -25,7 +25,9 @@ class TimedChoice:
     its last `kept` times runs, and each way is timed once more in the last calls of every
     `period` calls: a way that became the faster wins at its next timing, one that became
     the slower loses once its last `kept` times are all slow, and only a few calls pay for
-    timing. Every timed call comes right after an untimed call of the same way: a way's
+    timing. A way k times slower than the chosen one is timed in one period of every k, so
+    that timing it costs about as much however slow it is (on one machine a way ran 5x slower
+    than the other in some launches, and its timings alone cost a sixth of the calls' time). Every timed call comes right after an untimed call of the same way: a way's
     first call after the other way's traffic (or the first of its size) measured up to twice
     its time (its buffers no longer in the cache), which kept the slower way chosen
     (BENCHMARKS.md, "Round 2, session 9"). The times recorded must be the same on every rank
@@ -34,14 +36,14 @@ class TimedChoice:
 
     Example:
         >>> c, seen = TimedChoice(("stream", "copy"), period=8), []
-        >>> for _ in range(16):
+        >>> for _ in range(32):
         ...     way, timed = c.pick(1 << 20)
         ...     seen.append(way[0] + ("*" if timed else ""))
         ...     if timed:
         ...         c.record(1 << 20, way, {"stream": 3e-4, "copy": 1e-4}[way])
         >>> " ".join(seen)   # * timed, after a call to warm up: each twice, then the faster,
-        ...                  # each again every 8 calls
-        's s* c c* s s* c c* c c c c s s* c c*'
+        ...                  # it again every 8 calls, the 3x slower one every 24
+        's s* c c* s s* c c* c c c c c c c c* c c c c c c c c* c c c c s s* c c*'
     """
 
     kept = 3  # times kept per way: the lowest of them counts, so one slow call does not flip it
@@ -64,11 +66,17 @@ class TimedChoice:
         entry[0] = calls + 1
         if faster is None:  # the tries: each way warmed up and timed in turn
             phase = calls % (2 * len(self.ways))
-        else:
-            phase = calls % self.period - self._timed_from
-            if phase < 0:
+            return self.ways[phase // 2], phase % 2 == 1
+        phase = calls % self.period - self._timed_from
+        if phase < 0:
+            return faster, False
+        i = phase // 2
+        if self.ways[i] != faster:
+            times = entry[2]
+            slower = round(min(times[i]) / min(times[self.ways.index(faster)]))
+            if slower > 1 and calls // self.period % slower:
                 return faster, False
-        return self.ways[phase // 2], phase % 2 == 1
+        return self.ways[i], phase % 2 == 1
 
     def run(self, rt, nbytes: int, run_way):
         """`run_way(way)` for the way `pick` chooses, timed where `pick` says so (the slowest
