@@ -90,6 +90,10 @@ SHM_REDUCESCATTER_ROUND_BYTES = 256 << 10
 # streaming 62-78 in others (BENCHMARKS.md, "Round 2, session 12"), so the calls time both
 # (fastring.algorithms.choice).
 SHM_REDUCESCATTER_WAYS = ("cached", "streaming")
+# The same two ways for what an allreduce through the segment's buffers (in one step or in
+# rounds, up to a buffer) writes for the other ranks to read: at 1 MiB, np=2, 86 µs in most
+# launches and about 500 in others with plain stores (BENCHMARKS.md, "Round 2, session 12").
+SHM_ALLREDUCE_WAYS = SHM_REDUCESCATTER_WAYS
 # Where the ranks may copy between their memories (Cross Memory Attach), allgather and
 # alltoall from SHM_SINGLE_COPY_BYTES moved between the ranks, and allreduce from
 # SHM_ALLREDUCE_SINGLE_COPY_BYTES, copy straight between the ranks' buffers instead of through

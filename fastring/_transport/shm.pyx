@@ -248,14 +248,18 @@ cdef inline void _seek(Pieces* p, int64_t offset) noexcept nogil:
         p.i += 1
 
 
-cdef void _gather(Pieces* p, char* dst, int64_t offset, int64_t nbytes) noexcept nogil:
-    """Copy bytes offset .. offset + nbytes of the pieces, as one buffer, to `dst`."""
+cdef void _gather(Pieces* p, char* dst, int64_t offset, int64_t nbytes, bint streaming) noexcept nogil:
+    """Copy bytes offset .. offset + nbytes of the pieces, as one buffer, to `dst` (with
+    streaming stores where `streaming`)."""
     cdef int64_t inside, m
     _seek(p, offset)
     while nbytes > 0:
         inside = offset - p.start
         m = min(nbytes, p.bytes[p.i] - inside)
-        fr_copy(dst, <char*> p.at[p.i] + inside, m)
+        if streaming:
+            fr_copy_streaming(dst, <char*> p.at[p.i] + inside, m)
+        else:
+            fr_copy(dst, <char*> p.at[p.i] + inside, m)
         dst += m
         offset += m
         nbytes -= m
@@ -407,6 +411,7 @@ cdef class SharedSegment:
     # The running allreduce's finish (kernels.finish_cfunc, or NULL) and its arguments: the
     # rank that reduces a piece finishes it while it is in cache, before anyone copies it.
     cdef finish_fn_t finish
+    cdef bint stage_streaming  # the running allreduce writes what others read with streaming stores
     cdef int64_t finish_divisor
     cdef double finish_factor
     # The results area: `results_bytes` for each rank's results after the segment, mapped by
@@ -815,7 +820,7 @@ cdef class SharedSegment:
 
     def allreduce(self, uintptr_t src, uintptr_t dst, int64_t nbytes, uintptr_t reduce_fn,
                   int64_t itemsize, bint one_step, bint prefer_buffers=False, uintptr_t finish_fn=0,
-                  int64_t divisor=1, double factor=1.0):
+                  int64_t divisor=1, double factor=1.0, bint streaming=False):
         """Allreduce `nbytes` at `src` into `dst` (may be `src`) with `reduce_fn`
         (dst = dst op src, a reduction cfunc over `itemsize`-byte elements), then, given
         `finish_fn` (kernels.finish_cfunc of the dtype), finish every element with it
@@ -833,6 +838,8 @@ cdef class SharedSegment:
         the same pipelined tile by tile (`_pipeline`; in rounds of a buffer where more ranks
         than cores share the host: `pipelined`). Each element
         is reduced by one rank (or by all alike), so `dst` holds the same bits on every rank.
+        `streaming`: in one step and in rounds, what a rank writes for the others to read
+        goes to memory with streaming stores, not to its cache (SHM_ALLREDUCE_WAYS).
 
         Where single copy could run, rank 0's `prefer_buffers` (the others' is ignored, so
         that every rank takes the same path) sends the call through the segment's buffers
@@ -850,6 +857,7 @@ cdef class SharedSegment:
         cdef int err = 0
         self.finish = <finish_fn_t> finish_fn
         self.finish_divisor, self.finish_factor = divisor, factor
+        self.stage_streaming = streaming
         cdef bint single = not one_step and self._single_copy(nbytes, self.allreduce_single_copy_bytes)
         cdef bint piped = self.pipelined and nbytes > self.tile
         try:
@@ -879,7 +887,10 @@ cdef class SharedSegment:
         cdef int r
         self.data_rounds += 1
         if src != self._data(self.rank, round_):  # else gathered there (`allreduce_pieces`)
-            fr_copy(self._data(self.rank, round_), src, nbytes)
+            if self.stage_streaming:
+                fr_copy_streaming(self._data(self.rank, round_), src, nbytes)
+            else:
+                fr_copy(self._data(self.rank, round_), src, nbytes)
         self._data_arrive()
         fr_copy(dst, self._data(0, round_), nbytes)
         for r in range(1, self.size):
@@ -901,7 +912,7 @@ cdef class SharedSegment:
 
     def allreduce_pieces(self, const int64_t[::1] addresses, const int64_t[::1] lengths, uintptr_t dst,
                          uintptr_t reduce_fn, int64_t itemsize, bint one_step, uintptr_t finish_fn=0,
-                         int64_t divisor=1, double factor=1.0):
+                         int64_t divisor=1, double factor=1.0, bint streaming=False):
         """`allreduce` of an input that lies in pieces (each tensor of a group where it is:
         lengths[i] bytes at addresses[i], each a whole number of items), read as their
         concatenation, into `dst` (contiguous, their total bytes; it may hold the pieces
@@ -911,7 +922,7 @@ cdef class SharedSegment:
         the others reduce into its buffer and reduces its own part reading its pieces where
         they lie (in rank order, as every path: the same bits). Returns False, having done
         nothing, where `allreduce` would copy between the ranks' memories instead (from
-        SHM_ALLREDUCE_SINGLE_COPY_BYTES)."""
+        SHM_ALLREDUCE_SINGLE_COPY_BYTES). `streaming` as in `allreduce`."""
         self._check()
         cdef int64_t count = addresses.shape[0], nbytes = 0, i
         if lengths.shape[0] != count:
@@ -932,10 +943,11 @@ cdef class SharedSegment:
         p.at, p.bytes, p.count, p.i, p.start = &addresses[0], &lengths[0], count, 0, 0
         self.finish = <finish_fn_t> finish_fn
         self.finish_divisor, self.finish_factor = divisor, factor
+        self.stage_streaming = streaming
         try:
             with nogil:
                 if one_step:
-                    _gather(&p, self._data(self.rank, self.data_rounds), 0, nbytes)
+                    _gather(&p, self._data(self.rank, self.data_rounds), 0, nbytes, streaming)
                     self._one_step(self._data(self.rank, self.data_rounds), <char*> dst, nbytes,
                                    <reduce_fn_t> reduce_fn, itemsize)
                 else:
@@ -965,16 +977,18 @@ cdef class SharedSegment:
             for r in range(n):  # the others' parts, for them to reduce
                 off, end = _part_start(r, n, c), _part_start(r + 1, n, c)
                 if r != me and end > off:
-                    _gather(p, mine + off * itemsize, (done + off) * itemsize, (end - off) * itemsize)
+                    _gather(p, mine + off * itemsize, (done + off) * itemsize, (end - off) * itemsize,
+                            self.stage_streaming)
             self._data_arrive()
             off, end = _part_start(me, n, c), _part_start(me + 1, n, c)
             while off < end:
                 # piece by piece while in L1: accumulated in this rank's buffer (where the
-                # others copy it from), then copied into `dst`
+                # others copy it from), then copied into `dst`; streaming, accumulated in this
+                # rank's scratch, then copied into `dst` and, by streaming stores, its buffer
                 k = min(sub, end - off)
-                acc = mine + off * itemsize
+                acc = self.scratch if self.stage_streaming else mine + off * itemsize
                 if me == 0:
-                    _gather(p, acc, (done + off) * itemsize, k * itemsize)
+                    _gather(p, acc, (done + off) * itemsize, k * itemsize, False)
                 else:
                     fr_copy(acc, self._data(0, round_) + off * itemsize, k * itemsize)
                 for r in range(1, n):
@@ -984,6 +998,8 @@ cdef class SharedSegment:
                         reduce(acc, self._data(r, round_) + off * itemsize, k)
                 self._finish_piece(acc, k)
                 fr_copy(dst + (done + off) * itemsize, acc, k * itemsize)
+                if self.stage_streaming:
+                    fr_copy_streaming(mine + off * itemsize, acc, k * itemsize)
                 off += k
             self._data_arrive()
             for r in range(n):  # the others' reduced parts

@@ -5,11 +5,13 @@ from __future__ import annotations
 import time
 
 from .. import kernels
-from .._core.config import SHM_ALLREDUCE_RETRY_CALLS, SHM_ONE_STEP_BYTES
+from .._core.config import (SHM_ALLREDUCE_RETRY_CALLS, SHM_ALLREDUCE_WAYS, SHM_ONE_STEP_BYTES,
+                            SHM_TIMED_CHOICE_MIN_BYTES)
 from .._core.ops import KERNEL_OP
 from .._core.work import Finish
 from .._transport import array_address
 from .base import Message, Reduction
+from .choice import choice_of
 
 
 class SharedMemory:
@@ -42,8 +44,9 @@ class SharedMemory:
         copy then)."""
         reduce_fn, itemsize, one_step, finishing = _call_args(rt.shm, r)
         with r.phase("shm-allreduce"):
-            if not rt.shm.allreduce_pieces(addresses, lengths, array_address(r.flat), reduce_fn, itemsize,
-                                           one_step, *finishing):
+            if not _stores(rt, r.flat.nbytes, lambda streaming: rt.shm.allreduce_pieces(
+                    addresses, lengths, array_address(r.flat), reduce_fn, itemsize, one_step, *finishing,
+                    streaming=streaming)):
                 return False
             if not finishing:
                 r.finalize(r.flat)
@@ -56,9 +59,10 @@ class SharedMemory:
         shm = rt.shm
         reduce_fn, itemsize, one_step, finishing = _call_args(shm, r)
         with r.phase("shm-allreduce"):
-            if flat.nbytes < shm.allreduce_single_copy_bytes:  # no choice to make: no timing
-                shm.allreduce(array_address(src), array_address(flat), flat.nbytes, reduce_fn, itemsize, one_step,
-                              False, *finishing)
+            if flat.nbytes < shm.allreduce_single_copy_bytes:  # no path to choose: only the stores
+                _stores(rt, flat.nbytes, lambda streaming: shm.allreduce(
+                    array_address(src), array_address(flat), flat.nbytes, reduce_fn, itemsize, one_step, False,
+                    *finishing, streaming=streaming))
             else:
                 key = (array_address(flat), flat.nbytes)
                 start = time.perf_counter()
@@ -68,6 +72,15 @@ class SharedMemory:
                     _PATHS.record(key, ran == "single copy", time.perf_counter() - start)
             if not finishing:
                 r.finalize(flat)
+
+
+def _stores(rt, nbytes: int, call):
+    """`call(streaming)`: whether what the ranks write for each other goes by streaming stores
+    is timed on the calls from SHM_TIMED_CHOICE_MIN_BYTES up to a buffer (SHM_ALLREDUCE_WAYS);
+    smaller ones, and the pipeline above a buffer, use plain stores. Returns call's result."""
+    if not SHM_TIMED_CHOICE_MIN_BYTES <= nbytes <= rt.shm.tile_bytes:
+        return call(False)
+    return choice_of(rt, "allreduce", SHM_ALLREDUCE_WAYS).run(rt, nbytes, lambda way: call(way == "streaming"))
 
 
 def _call_args(shm, r: Reduction) -> tuple:

@@ -578,11 +578,12 @@ sum_f32 = kernels.reduce_cfunc(KERNEL_OP[fastring.Sum], np.dtype(np.float32))
 sum_i32 = kernels.reduce_cfunc(KERNEL_OP[fastring.Sum], np.dtype(np.int32))
 
 
-def pieces_allreduce(dtype, lengths, tag, one_step=False):
+def pieces_allreduce(dtype, lengths, tag, one_step=False, streaming=False):
     """`allreduce_pieces`: an input that lies in pieces (a group's tensors where they are),
     read as their concatenation with no gathering copy, into a separate block and in place
     (the pieces are the block's own slices). On data that rounds (float32), bit for bit the
-    reduction in rank order on every rank; integers exactly."""
+    reduction in rank order on every rank; integers exactly. `streaming`: what the ranks
+    read of each other written with streaming stores."""
     fn = kernels.reduce_cfunc(KERNEL_OP[fastring.Sum], dtype)
     total = sum(lengths)
     if dtype.kind == "f":
@@ -600,16 +601,16 @@ def pieces_allreduce(dtype, lengths, tag, one_step=False):
     addresses = np.array([array_address(p) for p in pieces], np.int64)
     sizes = np.array([p.nbytes for p in pieces], np.int64)
     out = np.full(total, -1, dtype)
-    c.CHECKS.check(shm.allreduce_pieces(addresses, sizes, array_address(out), fn, dtype.itemsize, one_step),
-                   f"{tag}: declined")
+    c.CHECKS.check(shm.allreduce_pieces(addresses, sizes, array_address(out), fn, dtype.itemsize, one_step,
+                                        streaming=streaming), f"{tag}: declined")
     c.check_close(tag, out, expected, 0)
     c.check_identical(tag, out)
     for i, p in enumerate(pieces):
         c.check_close(f"{tag}: input {i} left alone", p, inputs[R][bounds[i]:bounds[i + 1]], 0)
     block = inputs[R].copy()
     views = np.array([array_address(block[bounds[i]:]) for i in range(len(lengths))], np.int64)
-    c.CHECKS.check(shm.allreduce_pieces(views, sizes, array_address(block), fn, dtype.itemsize, one_step),
-                   f"{tag} in place: declined")
+    c.CHECKS.check(shm.allreduce_pieces(views, sizes, array_address(block), fn, dtype.itemsize, one_step,
+                                        streaming=streaming), f"{tag} in place: declined")
     c.check_close(f"{tag} in place", block, expected, 0)
 
 
@@ -621,6 +622,35 @@ for dt in (np.dtype(np.int32), np.dtype(np.float32)):
     pieces_allreduce(dt, [5, 0, 1000, SHM_ONE_STEP_BYTES // 4 - 1005], f"pieces one step {dt}", one_step=True)
     pieces_allreduce(dt, [N + 1], f"pieces, one piece {dt}")
 pieces_allreduce(np.dtype(np.float64), [3, ROUND_ITEMS // 2 + 1, 0, 777], "pieces float64")
+
+
+class OneWay:
+    """A TimedChoice stand-in that always runs `way`, and counts the calls it ran."""
+
+    def __init__(self, way):
+        self.way, self.calls = way, 0
+
+    def run(self, rt_, nbytes, run_way):
+        self.calls += 1
+        return run_way(self.way)
+
+
+# The allreduce through the segment's buffers with what the ranks read of each other written
+# by streaming stores (SHM_ALLREDUCE_WAYS): pieces in rounds and in one step, and through the
+# API every dtype and op, in place and not, and Average and the postscale finished where
+# reduced, in one step and in rounds.
+for dt in (np.dtype(np.int32), np.dtype(np.float32)):
+    pieces_allreduce(dt, [0, 1, 7, ROUND_ITEMS - 5, 0, 12_345, ROUND_ITEMS + N, 3, ROUND_ITEMS // 3],
+                     f"pieces {dt}, streaming", streaming=True)
+    pieces_allreduce(dt, [5, 0, 1000, SHM_ONE_STEP_BYTES // 4 - 1005], f"pieces one step {dt}, streaming",
+                     one_step=True, streaming=True)
+rt.choices["allreduce"] = streaming_way = OneWay("streaming")
+dtypes_and_ops([np.dtype(np.int32), np.dtype(np.float32), np.dtype(np.float16)],
+               lambda dt: (SHM_TIMED_CHOICE_MIN_BYTES // dt.itemsize + 3, SHM_ONE_STEP_BYTES // dt.itemsize + N + 1),
+               "streaming stores")
+finished_where_reduced(lambda dt: (SHM_ONE_STEP_BYTES // dt.itemsize + N + 1,), "streaming stores")
+del rt.choices["allreduce"]
+c.CHECKS.check(streaming_way.calls >= 60, f"allreduces with streaming stores: {streaming_way.calls}")
 # Bad pieces are refused before anything moves, so the ranks stay in step; where the allreduce
 # would copy between the ranks' memories instead, the call declines and writes nothing.
 one = np.ones(10, np.int32)
