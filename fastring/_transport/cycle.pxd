@@ -30,11 +30,12 @@ cdef void combine_blocks(int64_t words, int64_t vector_words, reduce_fn_t reduce
 
 
 # A lone cycle: this rank proposes one small allreduce alone, its bytes as the payload
-# (`lone_payload` checks both arrays, before anything moves, and writes the block, whose bit
-# words must be zero), and the reduction goes to `dst` (unless it is None) only when the
-# outcome is clean (`lone_result`, which returns whether it was). Shared by
-# Transport.lone_cycle and SharedSegment.lone_cycle.
+# (`lone_payload` checks both arrays, before anything moves, and writes the block's header
+# and, with `copy`, its payload; the bit words must be zero), and the reduction goes to `dst`
+# (unless it is None) only when the outcome is clean (`lone_result`, which returns whether it
+# was). Shared by Transport.lone_cycle and SharedSegment.lone_cycle, which moves the payload
+# itself.
 cdef int lone_payload(uintptr_t block, int64_t vector_words, int64_t capacity, uint64_t h,
-                      cnp.ndarray src, cnp.ndarray dst) except -1
+                      cnp.ndarray src, cnp.ndarray dst, bint copy=*) except -1
 cdef bint lone_result(uintptr_t block, int64_t vector_words, uint64_t h, tuple outcome,
                       cnp.ndarray dst) except -1

@@ -143,7 +143,7 @@ cdef void _cycle_copy(void* ctx, char* dst, char* src) noexcept nogil:
 
 
 cdef int lone_payload(uintptr_t block, int64_t vector_words, int64_t capacity, uint64_t h,
-                      cnp.ndarray src, cnp.ndarray dst) except -1:
+                      cnp.ndarray src, cnp.ndarray dst, bint copy=True) except -1:
     if not cnp.PyArray_IS_C_CONTIGUOUS(src):
         raise ValueError("a lone cycle's payload must be C-contiguous")
     cdef int64_t nbytes = cnp.PyArray_NBYTES(src)
@@ -158,7 +158,8 @@ cdef int lone_payload(uintptr_t block, int64_t vector_words, int64_t capacity, u
     header[FLAGS] = 0
     header[HASH] = h
     header[PAYLOAD_BYTES] = <uint64_t> nbytes
-    memcpy(<char*> block + (HEADER_WORDS + 2 * vector_words) * 8, cnp.PyArray_DATA(src), nbytes)
+    if copy:
+        memcpy(<char*> block + (HEADER_WORDS + 2 * vector_words) * 8, cnp.PyArray_DATA(src), nbytes)
     return 0
 
 

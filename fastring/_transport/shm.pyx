@@ -1733,13 +1733,21 @@ cdef class SharedSegment:
                    uintptr_t reduce_fn, int64_t itemsize, double stall_seconds, object on_stall,
                    uint64_t h, cnp.ndarray src not None, cnp.ndarray dst):
         """`Transport.lone_cycle` (same arguments and result; `tmp` is not needed) through the
-        segment: the whole lean path of a small synchronous allreduce in one call."""
-        lone_payload(block, vector_words, capacity, h, src, dst)
-        outcome = self._cycle(block, vector_words, capacity, reduce_fn, itemsize, stall_seconds, on_stall)
-        return outcome, lone_result(block, vector_words, h, outcome, dst)
+        segment: the whole lean path of a small synchronous allreduce in one call. The payload
+        goes from `src` straight into this rank's cycle slot, and a clean outcome's reduction
+        from the slots straight into `dst`: two copies fewer than through the block."""
+        lone_payload(block, vector_words, capacity, h, src, dst, False)
+        outcome = self._cycle(block, vector_words, capacity, reduce_fn, itemsize, stall_seconds, on_stall,
+                              <const char*> cnp.PyArray_DATA(src),
+                              <char*> cnp.PyArray_DATA(dst) if dst is not None else NULL)
+        return outcome, lone_result(block, vector_words, h, outcome, None)
 
     cdef tuple _cycle(self, uintptr_t block, int64_t vector_words, int64_t capacity, uintptr_t reduce_fn,
-                      int64_t itemsize, double stall_seconds, object on_stall):
+                      int64_t itemsize, double stall_seconds, object on_stall, const char* src=NULL,
+                      char* dst=NULL):
+        """The cycle through the segment. `src`: this rank's payload lies there, not in the
+        block; `dst`: a clean outcome's payload (this rank's proposal agreed by every rank, no
+        flags, nothing else ready or pending) is reduced there, not into the block."""
         self._check()
         cdef int64_t words = HEADER_WORDS + 2 * vector_words
         if words * 8 + capacity > self.cycle_bytes:
@@ -1756,25 +1764,37 @@ cdef class SharedSegment:
         cdef void* hook = <void*> on_stall if on_stall is not None else NULL
         cdef reduce_fn_t reduce = <reduce_fn_t> reduce_fn
         cdef uint64_t* other
+        cdef uint64_t proposed = header[HASH]
+        cdef int64_t payload = block_bytes(words, <char*> block) - words * 8
+        cdef char* slot = self._cycle_slot(self.rank, round_)
+        cdef char* into
         try:
             with nogil:
-                fr_copy(self._cycle_slot(self.rank, round_), <char*> block,
-                       block_bytes(words, <char*> block))
+                if src == NULL:
+                    fr_copy(slot, <char*> block, words * 8 + payload)
+                else:
+                    fr_copy(slot, <char*> block, words * 8)
+                    fr_copy(slot + words * 8, src, payload)
                 self._arrive(_CYCLE_SPIN, stall_seconds if hook != NULL else 0, hook)
                 # The payloads are reduced only where every rank proposed the same request:
                 # a rank that proposed another (or none) may not hold their reduction at all.
                 for r in range(self.size):
                     other = <uint64_t*> self._cycle_slot(r, round_)
-                    if other[HASH] != header[HASH] or other[PAYLOAD_BYTES] != header[PAYLOAD_BYTES]:
+                    if other[HASH] != proposed or <int64_t> other[PAYLOAD_BYTES] != <int64_t> header[PAYLOAD_BYTES]:
                         reduce = NULL
-                fr_copy(<char*> block, self._cycle_slot(0, round_),
-                       block_bytes(words, self._cycle_slot(0, round_)))
+                # the headers and bits first, then the payloads, in rank order, where they go
+                fr_copy(<char*> block, self._cycle_slot(0, round_), words * 8)
                 for r in range(1, self.size):
-                    combine_blocks(words, vector_words, reduce, itemsize,
-                                   <char*> block, self._cycle_slot(r, round_))
+                    combine_blocks(words, vector_words, NULL, itemsize, <char*> block, self._cycle_slot(r, round_))
                 for i in range(vector_words):
                     any_ready = any_ready or ready[i] != 0
                     leftover = leftover or (pending[i] & ~ready[i]) != 0
+                if reduce != NULL and payload > 0:
+                    into = (dst if dst != NULL and header[0] == 0 and header[HASH] == proposed
+                            and not leftover and not any_ready else <char*> block + words * 8)
+                    fr_copy(into, self._cycle_slot(0, round_) + words * 8, payload)
+                    for r in range(1, self.size):
+                        reduce(into, self._cycle_slot(r, round_) + words * 8, payload // itemsize)
         except BaseException:
             self._failed()
             raise
