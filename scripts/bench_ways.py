@@ -1,9 +1,11 @@
 """Each way a one-host broadcast, allgather and alltoall can take, forced, against MPI in the
 same launch: streamed through the segment, by single copy, written straight into the results
 (allgather and alltoall, whose results come from the segment's results area), and MPI_Bcast /
-MPI_Allgather / MPI_Alltoall; np=2, float32, trials alternating, median µs per call. What
-`algorithms.choice.TimedChoice` chooses between on the user's calls, and what the results area
-saves (BENCHMARKS.md, "Round 2, sessions 8 and 9").
+MPI_Allgather / MPI_Alltoall; and reducescatter (the size is each rank's part) and allreduce
+(in place) with plain ("cached") or streaming stores for what the ranks read of each other,
+against MPI_Reduce_scatter_block / MPI_Allreduce. np=2, float32, trials alternating, median
+µs per call. What `algorithms.choice.TimedChoice` chooses between on the user's calls, and
+what the results area saves (BENCHMARKS.md, "Round 2, sessions 8, 9 and 12").
 
 usage: fastring-run -np 2 python scripts/bench_ways.py [--sizes 1M,16M]
 """
@@ -17,6 +19,8 @@ from mpi4py import MPI
 import fastring
 from fastring._core.runtime import runtime
 from fastring._transport.shm import EXCHANGE_DIRECT
+from fastring._core.config import (SHM_ALLREDUCE_WAYS, SHM_REDUCESCATTER_MAX_BYTES, SHM_REDUCESCATTER_WAYS,
+                                   SHM_TIMED_CHOICE_MIN_BYTES, SMALL_MESSAGE_BYTES)
 from fastring.algorithms import choice, collectives
 from fastring.tools.bench import cpu_model, format_bytes, parse_bytes
 
@@ -27,13 +31,13 @@ _pick, _exchange = choice.TimedChoice.pick, collectives._exchange
 
 
 def forced(way: str | None):
-    """Make every one-host broadcast (its TimedChoice), allgather and alltoall run `way`
-    (None: choose as usual)."""
-    if way is None:
-        choice.TimedChoice.pick, collectives._exchange = _pick, _exchange
-    else:
+    """Make every one-host call that times its ways (TimedChoice), and every lean allgather
+    and alltoall, run `way` (None: choose as usual)."""
+    choice.TimedChoice.pick, collectives._exchange = _pick, _exchange
+    if way is not None:
         choice.TimedChoice.pick = lambda self, nbytes: (way, False)
-        collectives._exchange = lambda rt, collective, nbytes, call: call(_EXCHANGE_WAYS[way])
+        if way in _EXCHANGE_WAYS:
+            collectives._exchange = lambda rt, collective, nbytes, call: call(_EXCHANGE_WAYS[way])
 
 
 def main() -> None:
@@ -53,14 +57,27 @@ def main() -> None:
         a2a_in = np.ones(count - count % n, np.float32)
         a2a_out = np.empty_like(a2a_in)
         b, b_mpi = np.ones(count, np.float32), np.ones(count, np.float32)
-        cases = {
-            "broadcast": (lambda: fastring.broadcast(b, 0, name="bc", out=b), lambda: comm.Bcast(b_mpi, 0)),
-            "allgather": (lambda: fastring.allgather(x, name="ag"), lambda: comm.Allgather(x, gathered)),
-            "alltoall": (lambda: fastring.alltoall(a2a_in, name="a2a"), lambda: comm.Alltoall(a2a_in, a2a_out)),
+        parts, part = np.ones(count * n, np.float32), np.empty(count, np.float32)
+        y, y_mpi = np.ones(count, np.float32), np.ones(count, np.float32)
+        cases = {  # what: (fastring's call, MPI's, the ways)
+            "broadcast": (lambda: fastring.broadcast(b, 0, name="bc", out=b), lambda: comm.Bcast(b_mpi, 0),
+                          collectives.SharedMemoryBroadcast.ways),
+            "allgather": (lambda: fastring.allgather(x, name="ag"), lambda: comm.Allgather(x, gathered),
+                          tuple(_EXCHANGE_WAYS)),
+            "alltoall": (lambda: fastring.alltoall(a2a_in, name="a2a"), lambda: comm.Alltoall(a2a_in, a2a_out),
+                         tuple(_EXCHANGE_WAYS)),
+            "reducescatter": (lambda: fastring.reducescatter(parts, op=fastring.Sum, name="rs"),
+                              lambda: comm.Reduce_scatter_block(parts, part, MPI.SUM), SHM_REDUCESCATTER_WAYS),
+            "allreduce": (lambda: fastring.allreduce(y, op=fastring.Sum, name="ar", out=y),
+                          lambda: comm.Allreduce(MPI.IN_PLACE, y_mpi, MPI.SUM), SHM_ALLREDUCE_WAYS),
         }
         calls, trials = calls_for(nbytes)
-        for what, (ours, theirs) in cases.items():
-            ways = collectives.SharedMemoryBroadcast.ways if what == "broadcast" else tuple(_EXCHANGE_WAYS)
+        timed_stores = {"reducescatter": SHM_TIMED_CHOICE_MIN_BYTES <= parts.nbytes <= SHM_REDUCESCATTER_MAX_BYTES,
+                        "allreduce": max(SHM_TIMED_CHOICE_MIN_BYTES, SMALL_MESSAGE_BYTES + 1) <= y.nbytes
+                        <= runtime().shm.tile_bytes}  # smaller ones ride the negotiation cycle
+        for what, (ours, theirs, ways) in cases.items():
+            if not timed_stores.get(what, True):
+                continue  # a size whose stores are not chosen: one way only
             times: dict[str, list] = {name: [] for name in [*ways, "MPI"]}
             order = list(times)
             for trial in range(-(-trials // len(order)) * len(order)):  # each order alike often

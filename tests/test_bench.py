@@ -324,8 +324,9 @@ def test_one_host_scripts(tmp_path):
     summary = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_shm.py"), "--summarize",
                               str(rows_json), str(rows_json)], capture_output=True, text=True, check=True).stdout
     assert f"CPU: {bench.cpu_model()}" in summary and "| allreduce | 4 KiB | no |" in summary
-    ways = [line for line in run_script(ROOT / "scripts" / "bench_ways.py", "--sizes", "64K").stdout.splitlines()
+    ways = [line for line in run_script(ROOT / "scripts" / "bench_ways.py", "--sizes", "128K").stdout.splitlines()
             if not line.startswith("#")]
-    assert [line.split()[0] for line in ways] == ["broadcast", "allgather", "alltoall"]
-    assert all(" stream " in line and " single copy " in line and " MPI " in line for line in ways)
-    assert [" direct " in line for line in ways] == [False, True, True]  # results in the area
+    assert [line.split()[0] for line in ways] == ["broadcast", "allgather", "alltoall", "reducescatter", "allreduce"]
+    assert all(" stream " in line and " single copy " in line and " MPI " in line for line in ways[:3])
+    assert [" direct " in line for line in ways[:3]] == [False, True, True]  # results in the area
+    assert all(" cached " in line and " streaming " in line and " MPI " in line for line in ways[3:])
