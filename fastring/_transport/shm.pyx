@@ -175,9 +175,17 @@ cdef extern from *:
         else
             memcpy(d, s, n);
     }
+    /* fr_copy, or with streaming stores */
+    static inline void fr_copy_as(char* d, const char* s, size_t n, int streaming) {
+        if (streaming)
+            fr_copy_streaming(d, s, n);
+        else
+            fr_copy(d, s, n);
+    }
     """
     void fr_copy_streaming(char* d, const char* s, size_t n) nogil
     void fr_copy(char* d, const char* s, size_t n) nogil
+    void fr_copy_as(char* d, const char* s, size_t n, bint streaming) nogil
     uint64_t fr_load(const uint64_t* p) nogil
     uint64_t fr_claim(uint64_t* p, uint64_t end) nogil
     void fr_store(uint64_t* p, uint64_t v) nogil
@@ -256,10 +264,7 @@ cdef void _gather(Pieces* p, char* dst, int64_t offset, int64_t nbytes, bint str
     while nbytes > 0:
         inside = offset - p.start
         m = min(nbytes, p.bytes[p.i] - inside)
-        if streaming:
-            fr_copy_streaming(dst, <char*> p.at[p.i] + inside, m)
-        else:
-            fr_copy(dst, <char*> p.at[p.i] + inside, m)
+        fr_copy_as(dst, <char*> p.at[p.i] + inside, m, streaming)
         dst += m
         offset += m
         nbytes -= m
@@ -464,7 +469,8 @@ cdef class SharedSegment:
         s.stream_exchange_bytes = SHM_STREAM_EXCHANGE_MAX_BYTES
         s.reduce_scatter_round_bytes = SHM_REDUCESCATTER_ROUND_BYTES
         s.pipeline_tile = SHM_PIPELINE_TILE_BYTES
-        s.scratch = <char*> aligned_alloc(PAGE, 2 * (s.chunk + PAGE))
+        # a single copy's landing chunks, and a piece of a streaming allreduce's rounds
+        s.scratch = <char*> aligned_alloc(PAGE, max(2 * (s.chunk + PAGE), _align(SUB_BYTES, PAGE)))
         if s.scratch == NULL:
             raise MemoryError()
         s.data_off = s.cycle_off + 2 * n * s.cycle_bytes
@@ -577,10 +583,7 @@ cdef class SharedSegment:
     cdef inline void _copy_out(self, char* dst, const char* src, int64_t nbytes, bint streaming) noexcept nogil:
         """Copy into a call's output: with streaming stores for outputs of `streaming_bytes`
         and more, which no one reads soon and whose lines need not be read before written."""
-        if streaming:
-            fr_copy_streaming(dst, src, nbytes)
-        else:
-            fr_copy(dst, src, nbytes)
+        fr_copy_as(dst, src, nbytes, streaming)
 
     cdef int _check(self) except -1:
         if self.broken is not None:
@@ -887,10 +890,7 @@ cdef class SharedSegment:
         cdef int r
         self.data_rounds += 1
         if src != self._data(self.rank, round_):  # else gathered there (`allreduce_pieces`)
-            if self.stage_streaming:
-                fr_copy_streaming(self._data(self.rank, round_), src, nbytes)
-            else:
-                fr_copy(self._data(self.rank, round_), src, nbytes)
+            fr_copy_as(self._data(self.rank, round_), src, nbytes, self.stage_streaming)
         self._data_arrive()
         fr_copy(dst, self._data(0, round_), nbytes)
         for r in range(1, self.size):
@@ -1698,10 +1698,7 @@ cdef class SharedSegment:
             for j in range(n):
                 piece = min(width, offsets[j + 1] - offsets[j] - lo)
                 if j != me and piece > 0:
-                    if streaming:
-                        fr_copy_streaming(self._data(me, round_) + j * width, src + offsets[j] + lo, piece)
-                    else:
-                        fr_copy(self._data(me, round_) + j * width, src + offsets[j] + lo, piece)
+                    fr_copy_as(self._data(me, round_) + j * width, src + offsets[j] + lo, piece, streaming)
             self._data_arrive()
             piece = min(width, offsets[me + 1] - offsets[me] - lo)
             # In L1-sized pieces, each copied and then reduced into while still in cache.

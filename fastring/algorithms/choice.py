@@ -27,7 +27,8 @@ class TimedChoice:
     the slower loses once its last `kept` times are all slow, and only a few calls pay for
     timing. A way k times slower than the chosen one is timed in one period of every k, so
     that timing it costs about as much however slow it is (on one machine a way ran 5x slower
-    than the other in some launches, and its timings alone cost a sixth of the calls' time). Every timed call comes right after an untimed call of the same way: a way's
+    than the other in some launches, and its timings alone cost a twelfth of the calls'
+    time). Every timed call comes right after an untimed call of the same way: a way's
     first call after the other way's traffic (or the first of its size) measured up to twice
     its time (its buffers no longer in the cache), which kept the slower way chosen
     (BENCHMARKS.md, "Round 2, session 9"). The times recorded must be the same on every rank

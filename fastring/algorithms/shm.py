@@ -76,9 +76,11 @@ class SharedMemory:
 
 def _stores(rt, nbytes: int, call):
     """`call(streaming)`: whether what the ranks write for each other goes by streaming stores
-    is timed on the calls from SHM_TIMED_CHOICE_MIN_BYTES up to a buffer (SHM_ALLREDUCE_WAYS);
-    smaller ones, and the pipeline above a buffer, use plain stores. Returns call's result."""
-    if not SHM_TIMED_CHOICE_MIN_BYTES <= nbytes <= rt.shm.tile_bytes:
+    is timed on the calls from SHM_TIMED_CHOICE_MIN_BYTES up to a buffer (SHM_ALLREDUCE_WAYS)
+    that do not go by single copy; smaller ones, and the pipeline above a buffer, use plain
+    stores. Returns call's result."""
+    if not (SHM_TIMED_CHOICE_MIN_BYTES <= nbytes <= rt.shm.tile_bytes
+            and nbytes < rt.shm.allreduce_single_copy_bytes):  # single copy: allreduce_pieces declines
         return call(False)
     return choice_of(rt, "allreduce", SHM_ALLREDUCE_WAYS).run(rt, nbytes, lambda way: call(way == "streaming"))
 

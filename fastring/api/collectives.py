@@ -68,7 +68,7 @@ def _rows_array(tensor, kind: str) -> tuple[np.ndarray, DtypeSpec]:
 # compare a call's fields at once (api/allreduce._fields)
 _ROWS_FIELDS: dict[tuple, tuple] = {}
 _FIELDS: dict[tuple, tuple] = {}
-ROWS_FIELDS_KEPT = 4096  # distinct signatures remembered (then built each call)
+FIELDS_KEPT = 4096  # distinct signatures remembered (then built each call)
 
 
 def _kept(fields: tuple) -> tuple:
@@ -76,7 +76,7 @@ def _kept(fields: tuple) -> tuple:
     kept = _FIELDS.get(fields)
     if kept is None:
         kept = fields
-        if len(_FIELDS) < ROWS_FIELDS_KEPT:
+        if len(_FIELDS) < FIELDS_KEPT:
             _FIELDS[fields] = fields
     return kept
 
@@ -88,7 +88,7 @@ def _rows_fields(kind: str, arr: np.ndarray, spec: DtypeSpec) -> tuple:
     fields = _ROWS_FIELDS.get(key)
     if fields is None:
         fields = (("collective", kind), ("dtype", spec.name), ("trailing_shape", arr.shape[1:]), ("device", "cpu"))
-        if len(_ROWS_FIELDS) < ROWS_FIELDS_KEPT:
+        if len(_ROWS_FIELDS) < FIELDS_KEPT:
             _ROWS_FIELDS[key] = fields
     return fields
 
@@ -103,9 +103,10 @@ def _request_of(rt: Runtime, kind: str, name: str, fields: tuple, nbytes: int, e
 def _run(rt: Runtime, kind: str, name: str, fields: tuple, nbytes: int, execute: Callable[..., Any],
          counts: np.ndarray | None = None):
     """The synchronous form of a collective given as its parts: by the engine's lean path
-    (`Engine.lone_run`: no Request, `counts` summed over the ranks in the negotiation cycle
-    and handed to `execute(rt, summed)`) when nothing is queued, otherwise as the Request
-    that the `_async` form submits (`execute(rt)`), waited for."""
+    (`Engine.lone_run`: no Request; `counts`, where given, summed over the ranks in the
+    negotiation cycle and handed to `execute(rt, summed)`, else `execute(rt)`) when nothing
+    is queued, otherwise as the Request that the `_async` form submits (`execute(rt)`),
+    waited for."""
     def request(assigned: str) -> Request:
         return _request_of(rt, kind, assigned, fields, nbytes, execute)
 
@@ -135,7 +136,7 @@ def _own_counts(rt: Runtime, mine) -> np.ndarray | None:
             counts.flags.writeable = False
         else:
             counts = None
-        if kept and len(_OWN_COUNTS) < ROWS_FIELDS_KEPT:
+        if kept and len(_OWN_COUNTS) < FIELDS_KEPT:
             _OWN_COUNTS[key] = counts
     return counts
 
@@ -470,7 +471,7 @@ def grouped_allgather(tensors, *, name: str | None = None, process_set=None) -> 
 
 
 def _grouped_reducescatter_parts(tensors, op, name, prescale_factor, postscale_factor,
-                                   process_set) -> tuple:
+                                 process_set) -> tuple:
     rt = runtime_of(process_set)
     op = as_reduce_op(op)
     prescale = factor(prescale_factor, "prescale_factor")
@@ -519,7 +520,7 @@ def grouped_reducescatter_async(tensors, op: ReduceOp = ReduceOp.Average, *, nam
         [array([1., 1.]), array([1., 1., 1.])]
     """
     return _submit(_grouped_reducescatter_parts(tensors, op, name, prescale_factor, postscale_factor,
-                                                     process_set))
+                                                process_set))
 
 
 def grouped_reducescatter(tensors, op: ReduceOp = ReduceOp.Average, *, name: str | None = None,
@@ -535,7 +536,7 @@ def grouped_reducescatter(tensors, op: ReduceOp = ReduceOp.Average, *, name: str
         array([0., 1., 2.])
     """
     return _run(*_grouped_reducescatter_parts(tensors, op, name, prescale_factor, postscale_factor,
-                                                     process_set))
+                                              process_set))
 
 
 # ----------------------------------------------------------------- Adasum

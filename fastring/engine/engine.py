@@ -1,6 +1,7 @@
 """The engine: queued requests, the cycles that negotiate them, join, and their execution.
 
-Every collective is a Request submitted here; the synchronous API is submit + wait, one path.
+Every collective is a Request submitted here; the synchronous API is submit + wait, or the
+shortcut below.
 How a cycle works is `negotiation`; how agreed requests run is `fusion`; stalls are `stall`.
 
 All ranks derive the same decisions from the same cycle result, so they execute the same
@@ -11,7 +12,8 @@ makes them take turns, and the transport releases the GIL while bytes move.
 A synchronous call made while nothing is queued here takes one shortcut, `_speculate_alone`:
 the cycle that proposes it is run inline on the caller's thread, and only if the ranks
 disagree does the request join the queue like any other. The lean numpy allreduce
-(`lone_allreduce`) takes the same step without building a Request first.
+(`lone_allreduce`, `lone_grouped`) and every other synchronous collective (`lone_run`) take
+the same step without building a Request first.
 """
 from __future__ import annotations
 
@@ -244,8 +246,8 @@ class Engine:
         proposal carries no counts (the general path) makes the cycle fail on every rank,
         so the sum is never partial. `summed` is None without counts. `name` None: the next
         automatic name of `kind`. Returns (the call's result,) (of run, or of the queued
-        request), or None when the general path must take the call; nothing has happened then. An error of `run` itself is the
-        caller's alone, as in execution."""
+        request), or None when the general path must take the call; nothing has happened
+        then. An error of `run` itself is the caller's alone, as in execution."""
         if not self._idle():
             return None
         self._cycle_lock.acquire()  # nothing is queued: whoever holds it lets go within a cycle

@@ -298,7 +298,8 @@ try:
         if fastring.broadcast_object(None) is not None:
             c.fail(f"broadcast_object of None ({how})")
         fastring.barrier()
-        later = (early or fastring.broadcast_async(np.full(3, R), 0, name=f"queued bc {how}")) if how == "queued" else None
+        later = None if how == "lean" else (
+            early or fastring.broadcast_async(np.full(3, R), 0, name=f"queued bc {how}"))
         if later is not None:
             exact(f"broadcast queued before a barrier {how}", later.wait(), np.zeros(3, np.int64), np.dtype(np.int64),
                   fw=False)

@@ -117,8 +117,9 @@ c.CHECKS.check(rt.transport.single_copy, "single copy is off on one host")
 def lone_cycles(cycles, tag):
     """`lone_cycle` (the lean path's one call) on `cycles` (the segment or the MPI transport):
     the exact sum lands in `dst` only when every rank proposed the same request and nothing
-    else waits anywhere; otherwise `dst` is untouched; bad arrays are refused before anything
-    moves, so the ranks stay in step."""
+    else waits anywhere; otherwise `dst` is untouched, and where the ranks agreed on the
+    request, the sum is in the block's payload; bad arrays are refused before anything moves,
+    so the ranks stay in step."""
     words, capacity, count = 1, 4096, 1000
     block = np.zeros(CYCLE_HEADER_WORDS + 2 * words + capacity // 8, np.uint64)
     tmp = np.zeros_like(block)
@@ -145,6 +146,9 @@ def lone_cycles(cycles, tag):
         c.CHECKS.check(bool(outcome[1] == SPECULATION_FAILED) == (pending == 0 and h != 5) and bool(outcome[2]) == (h == 5),
                        f"lone {tag}, {what}: outcome {outcome}")
         c.check_close(f"lone {tag}, {what}: dst untouched", dst, np.full(count, -7, np.int32), 0)
+        if h == 5:  # agreed but not clean: the sum waits in the block's payload, for the cycle's request
+            c.check_close(f"lone {tag}, {what}: the block's payload",
+                          block[CYCLE_HEADER_WORDS + 2 * words:].view(np.int32)[:count], expected, 0)
     outcome, clean = run(9, None)  # the result stays in the block's payload
     c.CHECKS.check(clean, f"lone {tag} without dst: {outcome}")
     c.check_close(f"lone {tag} without dst", block[CYCLE_HEADER_WORDS + 2 * words:].view(np.int32)[:count], expected, 0)
