@@ -44,8 +44,8 @@ except ImportError:  # pragma: no cover - cloudpickle is a dependency, pickle th
 # ----------------------------------------------------------------- shared pieces
 def _parts(rt: Runtime, kind: str, name: str, fields: tuple, nbytes: int, execute: Callable[..., Any]) -> tuple:
     """`_request_of`'s arguments for one collective named `name` (see validation.request_name):
-    its kind goes first in its fields, which are one object per signature (see `_kept`)."""
-    return rt, kind, name, _kept((("collective", kind),) + fields), nbytes, execute
+    its kind goes first in its fields."""
+    return rt, kind, name, (("collective", kind),) + fields, nbytes, execute
 
 
 def _submit(parts: tuple) -> Handle:
@@ -63,22 +63,10 @@ def _rows_array(tensor, kind: str) -> tuple[np.ndarray, DtypeSpec]:
     return arr, spec
 
 
-# (kind, dtype, trailing shape) -> the fields of an allgather or alltoall, and every other
-# collective's fields -> themselves: one object per signature, so that the engine's caches
-# compare a call's fields at once (api/allreduce._fields)
+# (kind, dtype, trailing shape) -> the fields of an allgather or alltoall, one object per
+# signature: the engine's caches then compare a call's fields at once (api/allreduce._fields)
 _ROWS_FIELDS: dict[tuple, tuple] = {}
-_FIELDS: dict[tuple, tuple] = {}
-FIELDS_KEPT = 4096  # distinct signatures remembered (then built each call)
-
-
-def _kept(fields: tuple) -> tuple:
-    """The one object equal to `fields` that calls of this signature share."""
-    kept = _FIELDS.get(fields)
-    if kept is None:
-        kept = fields
-        if len(_FIELDS) < FIELDS_KEPT:
-            _FIELDS[fields] = fields
-    return kept
+ROWS_FIELDS_KEPT = 4096  # distinct signatures remembered (then built each call)
 
 
 def _rows_fields(kind: str, arr: np.ndarray, spec: DtypeSpec) -> tuple:
@@ -88,7 +76,7 @@ def _rows_fields(kind: str, arr: np.ndarray, spec: DtypeSpec) -> tuple:
     fields = _ROWS_FIELDS.get(key)
     if fields is None:
         fields = (("collective", kind), ("dtype", spec.name), ("trailing_shape", arr.shape[1:]), ("device", "cpu"))
-        if len(_ROWS_FIELDS) < FIELDS_KEPT:
+        if len(_ROWS_FIELDS) < ROWS_FIELDS_KEPT:
             _ROWS_FIELDS[key] = fields
     return fields
 
@@ -136,7 +124,7 @@ def _own_counts(rt: Runtime, mine) -> np.ndarray | None:
             counts.flags.writeable = False
         else:
             counts = None
-        if kept and len(_OWN_COUNTS) < FIELDS_KEPT:
+        if kept and len(_OWN_COUNTS) < ROWS_FIELDS_KEPT:
             _OWN_COUNTS[key] = counts
     return counts
 
