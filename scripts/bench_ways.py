@@ -19,7 +19,7 @@ from mpi4py import MPI
 import fastring
 from fastring._core.runtime import runtime
 from fastring._transport.shm import EXCHANGE_DIRECT
-from fastring._core.config import (SHM_ALLREDUCE_WAYS, SHM_REDUCESCATTER_MAX_BYTES, SHM_REDUCESCATTER_WAYS,
+from fastring._core.config import (SHM_REDUCESCATTER_MAX_BYTES, SHM_STORE_WAYS,
                                    SHM_TIMED_CHOICE_MIN_BYTES, SMALL_MESSAGE_BYTES)
 from fastring.algorithms import choice, collectives
 from fastring.tools.bench import cpu_model, format_bytes, parse_bytes
@@ -67,9 +67,9 @@ def main() -> None:
             "alltoall": (lambda: fastring.alltoall(a2a_in, name="a2a"), lambda: comm.Alltoall(a2a_in, a2a_out),
                          tuple(_EXCHANGE_WAYS)),
             "reducescatter": (lambda: fastring.reducescatter(parts, op=fastring.Sum, name="rs"),
-                              lambda: comm.Reduce_scatter_block(parts, part, MPI.SUM), SHM_REDUCESCATTER_WAYS),
+                              lambda: comm.Reduce_scatter_block(parts, part, MPI.SUM), SHM_STORE_WAYS),
             "allreduce": (lambda: fastring.allreduce(y, op=fastring.Sum, name="ar", out=y),
-                          lambda: comm.Allreduce(MPI.IN_PLACE, y_mpi, MPI.SUM), SHM_ALLREDUCE_WAYS),
+                          lambda: comm.Allreduce(MPI.IN_PLACE, y_mpi, MPI.SUM), SHM_STORE_WAYS),
         }
         calls, trials = calls_for(nbytes)
         timed_stores = {"reducescatter": SHM_TIMED_CHOICE_MIN_BYTES <= parts.nbytes <= SHM_REDUCESCATTER_MAX_BYTES,

@@ -83,17 +83,15 @@ SHM_COLLECTIVE_MAX_BYTES = 1 << 20
 # scripts/bench_reducescatter.py).
 SHM_REDUCESCATTER_MAX_BYTES = 16 << 20
 SHM_REDUCESCATTER_ROUND_BYTES = 256 << 10
-# How a rank writes its input's rounds into the segment for the others to reduce: plain stores
-# (the lines then move from its cache to the reader's) or streaming stores (to memory, read
-# from there). Which is faster changes from one launch to the next on one machine: at 1 MiB of
-# input, np=2, plain 45-54 µs and streaming 80-95 in most launches, plain 267-305 and
-# streaming 62-78 in others (BENCHMARKS.md, "Round 2, session 12"), so the calls time both
-# (fastring.algorithms.choice).
-SHM_REDUCESCATTER_WAYS = ("cached", "streaming")
-# The same two ways for what an allreduce through the segment's buffers (in one step or in
-# rounds, up to a buffer) writes for the other ranks to read: at 1 MiB, np=2, 86 µs in most
-# launches and about 500 in others with plain stores (BENCHMARKS.md, "Round 2, session 12").
-SHM_ALLREDUCE_WAYS = SHM_REDUCESCATTER_WAYS
+# How a rank writes into the segment what the others read (a reducescatter's rounds; an
+# allreduce through the segment's buffers, in one step or in rounds, up to a buffer): plain
+# stores (the lines then move from its cache to the reader's) or streaming stores (to memory,
+# read from there). Which is faster changes from one launch to the next on one machine: a
+# reducescatter of 1 MiB of input, np=2, plain 45-54 µs and streaming 80-95 in most launches,
+# plain 267-305 and streaming 62-78 in others; an allreduce of 1 MiB with plain stores 86 µs
+# in most and about 500 in others (BENCHMARKS.md, "Round 2, session 12"). So the calls time
+# both (`fastring.algorithms.choice.timed_stores`).
+SHM_STORE_WAYS = ("cached", "streaming")
 # Where the ranks may copy between their memories (Cross Memory Attach), allgather and
 # alltoall from SHM_SINGLE_COPY_BYTES moved between the ranks, and allreduce from
 # SHM_ALLREDUCE_SINGLE_COPY_BYTES, copy straight between the ranks' buffers instead of through

@@ -842,7 +842,7 @@ cdef class SharedSegment:
         than cores share the host: `pipelined`). Each element
         is reduced by one rank (or by all alike), so `dst` holds the same bits on every rank.
         `streaming`: in one step and in rounds, what a rank writes for the others to read
-        goes to memory with streaming stores, not to its cache (SHM_ALLREDUCE_WAYS).
+        goes to memory with streaming stores, not to its cache (SHM_STORE_WAYS).
 
         Where single copy could run, rank 0's `prefer_buffers` (the others' is ignored, so
         that every rank takes the same path) sends the call through the segment's buffers

@@ -13,7 +13,7 @@ import time
 import numpy as np
 
 from .. import kernels
-from .._core.config import PATH_TIMING_PERIOD_CALLS
+from .._core.config import PATH_TIMING_PERIOD_CALLS, SHM_STORE_WAYS
 from .._core.ops import KERNEL_OP, ReduceOp
 from .._transport import array_address
 
@@ -131,3 +131,17 @@ def choice_of(rt, collective: str, ways: tuple) -> TimedChoice:
     if found is None:
         found = rt.choices[collective] = TimedChoice(ways)
     return found
+
+
+def timed_stores(rt, collective: str, nbytes: int, call):
+    """`call(streaming)`, by plain or streaming stores (SHM_STORE_WAYS), whichever the calls of
+    `collective` of this size measured faster (`choice_of`); returns what it returned.
+
+    Example:
+        >>> import fastring
+        >>> fastring.init()
+        >>> from fastring._core.runtime import runtime
+        >>> timed_stores(runtime(), "allreduce", 1 << 20, lambda streaming: streaming)   # plain first
+        False
+    """
+    return choice_of(rt, collective, SHM_STORE_WAYS).run(rt, nbytes, lambda way: call(way == "streaming"))

@@ -41,8 +41,7 @@ import numpy as np
 from .. import kernels
 from .._core import pool as _pool
 from .._core.config import (BROADCAST_CHAIN_BYTES, BROADCAST_SEGMENT_BYTES, BROADCAST_SINGLE_COPY_BYTES,
-                            SHM_COLLECTIVE_MAX_BYTES, SHM_REDUCESCATTER_MAX_BYTES, SHM_REDUCESCATTER_WAYS,
-                            SHM_STREAM_BROADCAST_MAX_BYTES,
+                            SHM_COLLECTIVE_MAX_BYTES, SHM_REDUCESCATTER_MAX_BYTES, SHM_STREAM_BROADCAST_MAX_BYTES,
                             SHM_STREAM_EXCHANGE_MAX_BYTES, SHM_TIMED_CHOICE_MIN_BYTES)
 from .._core.dtypes import spec_of
 from .._core.ops import KERNEL_OP, ReduceOp
@@ -52,7 +51,7 @@ from .._transport import (array_address, chain_broadcast, is_c_contiguous, pairw
 from .._transport.shm import EXCHANGE_BY_SIZE, EXCHANGE_DIRECT, EXCHANGE_SINGLE_COPY, EXCHANGE_STREAM
 from . import hierarchical
 from .base import Message, chunk_offsets, ring_segment
-from .choice import choice_of
+from .choice import choice_of, timed_stores
 
 log = logging.getLogger("fastring")
 
@@ -346,13 +345,12 @@ def reduce_scatter_rows(rt, arr: np.ndarray, work: AllreduceWork, counts: np.nda
         src = np.ascontiguousarray(arr)
     reduce_fn = kernels.reduce_cfunc(KERNEL_OP[op], spec.dtype)
     if total and by_segment:
-        def reduce_scatter(way: str) -> None:
-            rt.shm.reduce_scatter(array_address(src), offsets, array_address(out), reduce_fn, itemsize,
-                                  way == "streaming")
+        def reduce_scatter(streaming: bool) -> None:
+            rt.shm.reduce_scatter(array_address(src), offsets, array_address(out), reduce_fn, itemsize, streaming)
         if total >= SHM_TIMED_CHOICE_MIN_BYTES:
-            choice_of(rt, "reducescatter", SHM_REDUCESCATTER_WAYS).run(rt, total, reduce_scatter)
+            timed_stores(rt, "reducescatter", total, reduce_scatter)
         else:
-            reduce_scatter("cached")
+            reduce_scatter(False)
     elif total:
         ring_reduce_scatter_into(rt.transport, array_address(src), offsets, array_address(out),
                                  array_address(scratch), ring_segment(rt, itemsize), reduce_fn, itemsize)

@@ -5,13 +5,12 @@ from __future__ import annotations
 import time
 
 from .. import kernels
-from .._core.config import (SHM_ALLREDUCE_RETRY_CALLS, SHM_ALLREDUCE_WAYS, SHM_ONE_STEP_BYTES,
-                            SHM_TIMED_CHOICE_MIN_BYTES)
+from .._core.config import SHM_ALLREDUCE_RETRY_CALLS, SHM_ONE_STEP_BYTES, SHM_TIMED_CHOICE_MIN_BYTES
 from .._core.ops import KERNEL_OP
 from .._core.work import Finish
 from .._transport import array_address
 from .base import Message, Reduction
-from .choice import choice_of
+from .choice import timed_stores
 
 
 class SharedMemory:
@@ -76,13 +75,13 @@ class SharedMemory:
 
 def _stores(rt, nbytes: int, call):
     """`call(streaming)`: whether what the ranks write for each other goes by streaming stores
-    is timed on the calls from SHM_TIMED_CHOICE_MIN_BYTES up to a buffer (SHM_ALLREDUCE_WAYS)
+    is timed on the calls from SHM_TIMED_CHOICE_MIN_BYTES up to a buffer (`timed_stores`)
     that do not go by single copy; smaller ones, and the pipeline above a buffer, use plain
     stores. Returns call's result."""
     if not (SHM_TIMED_CHOICE_MIN_BYTES <= nbytes <= rt.shm.tile_bytes
             and nbytes < rt.shm.allreduce_single_copy_bytes):  # single copy: allreduce_pieces declines
         return call(False)
-    return choice_of(rt, "allreduce", SHM_ALLREDUCE_WAYS).run(rt, nbytes, lambda way: call(way == "streaming"))
+    return timed_stores(rt, "allreduce", nbytes, call)
 
 
 def _call_args(shm, r: Reduction) -> tuple:

@@ -36,7 +36,7 @@ import fastring
 from fastring._core.config import (SHM_ONE_STEP_BYTES, SHM_PIECES_ROUND_BYTES, SHM_PIPELINE_TILE_BYTES,
                                    SHM_SINGLE_COPY_CHUNK_BYTES, SHM_STREAM_EXCHANGE_MAX_BYTES,
                                    SHM_STREAM_LARGE_PIECE_BYTES, SHM_STREAM_PIECE_BYTES, SHM_STREAMING_STORE_BYTES,
-                                   SHM_REDUCESCATTER_WAYS, SHM_TILE_BYTES, SHM_TIMED_CHOICE_MIN_BYTES)
+                                   SHM_STORE_WAYS, SHM_TILE_BYTES, SHM_TIMED_CHOICE_MIN_BYTES)
 from fastring._core.runtime import runtime
 from fastring._transport import CYCLE_HEADER_WORDS, SPECULATION_FAILED, array_address
 from fastring._transport.shm import copy_streaming
@@ -535,7 +535,7 @@ def _timed_choices(tag):
     from fastring.algorithms import choice
     period = 4
     ways = {"broadcast": ("stream", "single copy"), "allgather": ("stream", "single copy"),
-            "alltoall": ("stream", "single copy"), "reducescatter": SHM_REDUCESCATTER_WAYS}
+            "alltoall": ("stream", "single copy"), "reducescatter": SHM_STORE_WAYS}
     for collective, its_ways in ways.items():
         rt.choices[collective] = choice.TimedChoice(its_ways, period)
     nbytes = SHM_TIMED_CHOICE_MIN_BYTES + 4 * 999
@@ -640,7 +640,7 @@ class OneWay:
 
 
 # The allreduce through the segment's buffers with what the ranks read of each other written
-# by streaming stores (SHM_ALLREDUCE_WAYS): pieces in rounds and in one step, and through the
+# by streaming stores (SHM_STORE_WAYS): pieces in rounds and in one step, and through the
 # API every dtype and op, in place and not, and Average and the postscale finished where
 # reduced, in one step and in rounds.
 for dt in (np.dtype(np.int32), np.dtype(np.float32)):
