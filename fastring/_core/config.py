@@ -105,12 +105,15 @@ SHM_STORE_WAYS = ("cached", "streaming")
 # (tied in others), by 10-25% on huge pages and more on 4 KiB pages, and tied at 256 MiB; but
 # with more busy processes than cores its tiles wait on each other (once 10x longer at 64 MiB,
 # 60 ms a 16 MiB call in one launch), so from SHM_ALLREDUCE_SINGLE_COPY_BYTES the faster of
-# the two for each buffer runs (PathTimes; BENCHMARKS.md, issue 18, session 5). Broadcasts
+# the two for each buffer runs (PathTimes; BENCHMARKS.md, issue 18, session 5). That starts
+# above one buffer: at 5-12 MiB the pipeline took 4x single copy's time in the machine's slow
+# state (where every hand-over of a line between the cores is slow) and up to 1.17x in its
+# fast state (BENCHMARKS.md, "Round 2, session 13"). Broadcasts
 # from SHM_COLLECTIVE_MAX_BYTES take the single-copy broadcast instead, which splits the bytes
 # between the root and the readers by their measured speeds and beat both claimed chunks and
 # the segment's buffers.
 SHM_SINGLE_COPY_BYTES = SHM_TILE_BYTES
-SHM_ALLREDUCE_SINGLE_COPY_BYTES = 16 << 20
+SHM_ALLREDUCE_SINGLE_COPY_BYTES = SHM_TILE_BYTES + 1  # more than one buffer
 SHM_SINGLE_COPY_CHUNK_BYTES = 1 << 20
 # An allreduce of more than a buffer that does not go by single copy is pipelined through the
 # segment's buffers in tiles of at most this many bytes per rank's part: small enough that a

@@ -104,10 +104,12 @@ class PathTimes:
     busy processes than cores it ran up to 10x slower, where single copy's claimed chunks went
     on (BENCHMARKS.md, "Issue 18 (round 2, session 5)"). The calls of a buffer alternate, single
     copy first, until each path has been timed twice, then the faster runs, the other again
-    every `retry` calls: a first call pays for what it touches first (the segment's pages, a
-    peer preempted), and one slow first time must not send a buffer to the slower path for
-    `retry` calls. Only rank 0's preference counts (the segment publishes it), so the ranks
-    always agree.
+    every `retry` calls, or every k * `retry` calls where it is k times slower: a first call
+    pays for what it touches first (the segment's pages, a peer preempted), and one slow first
+    time must not send a buffer to the slower path for `retry` calls; and in the machine's
+    slow state the pipeline took 4x single copy's time at 5-16 MiB, so retrying it every
+    `retry` calls cost 5% of the calls' time (BENCHMARKS.md, "Round 2, session 13"). Only
+    rank 0's preference counts (the segment publishes it), so the ranks always agree.
 
     Example:
         >>> p = PathTimes(retry=4); key = (0x1000, 16 << 20)
@@ -119,8 +121,10 @@ class PathTimes:
         False
         >>> p.record(key, True, 2e-3); p.prefer_buffers(key)    # the pipeline's second chance
         True
-        >>> p.record(key, False, 1e-3); [p.prefer_buffers(key) for _ in range(4)]
+        >>> p.record(key, False, 1.5e-3); [p.prefer_buffers(key) for _ in range(4)]
         [True, True, True, False]
+        >>> p.record(key, False, 0.5e-3); [p.prefer_buffers(key) for _ in range(16)].index(False)
+        11
     """
 
     most = 256  # buffers remembered; past that the table starts over
@@ -137,7 +141,9 @@ class PathTimes:
         if len(t[0]) < 2 or len(t[1]) < 2:
             return len(t[1]) < len(t[0])  # alternating, single copy first
         t[2] += 1
-        return (min(t[1]) < min(t[0])) != (t[2] % self.retry == 0)
+        single, buffers = min(t[0]), min(t[1])
+        slower = max(1, round(max(single, buffers) / min(single, buffers)))
+        return (buffers < single) != (t[2] % (self.retry * slower) == 0)
 
     def record(self, key: tuple[int, int], single_copy: bool, seconds: float) -> None:
         t = self.times.get(key)
