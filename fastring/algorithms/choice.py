@@ -31,7 +31,11 @@ class TimedChoice:
     time). Every timed call comes right after an untimed call of the same way: a way's
     first call after the other way's traffic (or the first of its size) measured up to twice
     its time (its buffers no longer in the cache), which kept the slower way chosen
-    (BENCHMARKS.md, "Round 2, session 9"). The times recorded must be the same on every rank
+    (BENCHMARKS.md, "Round 2, session 9"). A timing of the chosen way more than `relearn`
+    times its lowest kept time starts the tries afresh: the machine's state can change within
+    a launch (a hand-over of lines between the cores 3-10x slower), and waiting for `kept`
+    slow timings, one a period, ran the slower way for 192 calls (BENCHMARKS.md, "Round 2,
+    session 13"). The times recorded must be the same on every rank
     (`slowest`), so that every rank makes the same choices; `pick` says when a call is to be
     timed, and only those calls pay for that agreement.
 
@@ -48,6 +52,7 @@ class TimedChoice:
     """
 
     kept = 3  # times kept per way: the lowest of them counts, so one slow call does not flip it
+    relearn = 3.0  # the chosen way this many times slower than its lowest kept time: try afresh
 
     def __init__(self, ways: tuple, period: int = PATH_TIMING_PERIOD_CALLS, tries: int = 2):
         if period < 2 * len(ways) or tries < 1:
@@ -92,6 +97,9 @@ class TimedChoice:
     def record(self, nbytes: int, way, seconds: float) -> None:
         entry = self._sizes[nbytes.bit_length()]
         times = entry[2][self.ways.index(way)]
+        if way == entry[1] and seconds > self.relearn * min(times):
+            entry[:] = [0, None, [[] for _ in self.ways]]
+            return
         times.append(seconds)
         del times[:-self.kept]
         if all(len(t) >= self.tries for t in entry[2]):
