@@ -13,6 +13,7 @@ import doctest
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -41,7 +42,11 @@ def run_ranks(n: int, worker: str, *args: str, env: dict | None = None, timeout:
     """
     program = [sys.executable, str(WORKERS / f"{worker}.py"), *map(str, args)]
     cmd = [MPIEXEC, "-n", str(n), *launcher.guard_command(program)]
+    # MPICH's segment outlives ranks that end without MPI_Finalize and before fastring's init
+    # unlinks it (MPI_Abort, killed): removed after the job, as fastring-run does (_run).
+    segments, job = launcher.mpi_segments(), f"run_ranks-{os.getpid()}-{time.monotonic_ns()}"
     full_env = dict(os.environ, PYTHONUNBUFFERED="1", **(env or {}))
+    full_env[launcher.JOB_ENV] = job
     proc = launcher.start_job(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=full_env)
     try:
         out, err = proc.communicate(timeout=timeout)
@@ -53,6 +58,8 @@ def run_ranks(n: int, worker: str, *args: str, env: dict | None = None, timeout:
     except BaseException:  # pytest-timeout's failure, KeyboardInterrupt: leave no rank behind
         launcher.stop_job(proc)
         raise
+    finally:
+        launcher.remove_unmapped_segments(segments, job=job)
     if expect_rc is not None and proc.returncode != expect_rc:
         pytest.fail(f"{worker} {' '.join(map(str, args))} on {n} ranks exited {proc.returncode} "
                     f"(expected {expect_rc})\n--- stdout\n{out}\n--- stderr\n{err}")

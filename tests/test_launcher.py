@@ -266,6 +266,7 @@ def test_signal_stops_the_job(sig, code, word, group):
 def test_killed_launcher_takes_its_job_along():
     """SIGKILL cannot be handled: mpiexec learns of it from the kernel (parent-death signal)."""
     mark = marker()
+    segments = launcher.mpi_segments()  # the killed fastring-run cannot remove its job's, nor its own
     proc = subprocess.Popen([RUN, "-np", "2", "python", "-c", BLOCKED, mark], stdout=subprocess.PIPE,
                             stderr=subprocess.DEVNULL)
     try:
@@ -278,6 +279,7 @@ def test_killed_launcher_takes_its_job_along():
         assert survivors(mark) == ""
     finally:
         kill_survivors(mark)
+        launcher.remove_unmapped_segments(segments)
 
 
 # Ignores SIGTERM, as does the child it starts in a session of its own, then says so.
