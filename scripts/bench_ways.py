@@ -3,9 +3,11 @@ same launch: streamed through the segment, by single copy, written straight into
 (allgather and alltoall, whose results come from the segment's results area), and MPI_Bcast /
 MPI_Allgather / MPI_Alltoall; and reducescatter (the size is each rank's part) and allreduce
 (in place) with plain ("cached") or streaming stores for what the ranks read of each other,
-against MPI_Reduce_scatter_block / MPI_Allreduce. np=2, float32, trials alternating, median
-µs per call. What `algorithms.choice.TimedChoice` chooses between on the user's calls, and
-what the results area saves (BENCHMARKS.md, "Round 2, sessions 8, 9 and 12").
+against MPI_Reduce_scatter_block / MPI_Allreduce; above one buffer the allreduce by single
+copy or pipelined through the segment (`algorithms.shm.PathTimes`'s two paths). np=2,
+float32, trials alternating, median µs per call. What `algorithms.choice.TimedChoice` and
+PathTimes choose between on the user's calls, and what the results area saves (BENCHMARKS.md,
+"Round 2, sessions 8, 9, 12 and 13").
 
 usage: fastring-run -np 2 python scripts/bench_ways.py [--sizes 1M,16M]
 """
@@ -21,20 +23,24 @@ from fastring._core.runtime import runtime
 from fastring._transport.shm import EXCHANGE_DIRECT
 from fastring._core.config import (SHM_REDUCESCATTER_MAX_BYTES, SHM_STORE_WAYS,
                                    SHM_TIMED_CHOICE_MIN_BYTES, SMALL_MESSAGE_BYTES)
-from fastring.algorithms import choice, collectives
+from fastring.algorithms import choice, collectives, shm
 from fastring.tools.bench import cpu_model, format_bytes, parse_bytes
 
 from bench_shm import calls_for, timed
 
 _EXCHANGE_WAYS = {"direct": EXCHANGE_DIRECT, **collectives._EXCHANGE_WAYS}
-_pick, _exchange = choice.TimedChoice.pick, collectives._exchange
+_PATH_WAYS = ("single copy", "pipeline")  # a large allreduce's (PathTimes)
+_pick, _exchange, _prefer = choice.TimedChoice.pick, collectives._exchange, shm.PathTimes.prefer_buffers
 
 
 def forced(way: str | None):
-    """Make every one-host call that times its ways (TimedChoice), and every lean allgather
-    and alltoall, run `way` (None: choose as usual)."""
-    choice.TimedChoice.pick, collectives._exchange = _pick, _exchange
-    if way is not None:
+    """Make every one-host call that times its ways (TimedChoice), every lean allgather
+    and alltoall, and every allreduce above a buffer (PathTimes), run `way` (None: choose as
+    usual)."""
+    choice.TimedChoice.pick, collectives._exchange, shm.PathTimes.prefer_buffers = _pick, _exchange, _prefer
+    if way in _PATH_WAYS:
+        shm.PathTimes.prefer_buffers = lambda self, key: way == "pipeline"
+    elif way is not None:
         choice.TimedChoice.pick = lambda self, nbytes: (way, False)
         if way in _EXCHANGE_WAYS:
             collectives._exchange = lambda rt, collective, nbytes, call: call(_EXCHANGE_WAYS[way])
@@ -72,12 +78,16 @@ def main() -> None:
                           lambda: comm.Allreduce(MPI.IN_PLACE, y_mpi, MPI.SUM), SHM_STORE_WAYS),
         }
         calls, trials = calls_for(nbytes)
+        segment = runtime().shm
+        if nbytes >= segment.allreduce_single_copy_bytes and runtime().transport.single_copy:
+            cases["allreduce"] = cases["allreduce"][:2] + (_PATH_WAYS,)
         timed_stores = {"reducescatter": SHM_TIMED_CHOICE_MIN_BYTES <= parts.nbytes <= SHM_REDUCESCATTER_MAX_BYTES,
                         "allreduce": max(SHM_TIMED_CHOICE_MIN_BYTES, SMALL_MESSAGE_BYTES + 1) <= y.nbytes
-                        <= runtime().shm.tile_bytes}  # smaller ones ride the negotiation cycle
+                        <= segment.tile_bytes  # smaller ones ride the negotiation cycle
+                        or cases["allreduce"][2] == _PATH_WAYS}
         for what, (ours, theirs, ways) in cases.items():
             if not timed_stores.get(what, True):
-                continue  # a size whose stores are not chosen: one way only
+                continue  # a size whose ways are not chosen: one way only
             times: dict[str, list] = {name: [] for name in [*ways, "MPI"]}
             order = list(times)
             for trial in range(-(-trials // len(order)) * len(order)):  # each order alike often
