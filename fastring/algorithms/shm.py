@@ -108,7 +108,7 @@ class PathTimes:
     pays for what it touches first (the segment's pages, a peer preempted), and one slow first
     time must not send a buffer to the slower path for `retry` calls; and in the machine's
     slow state the pipeline took 4x single copy's time at 5-16 MiB, so retrying it every
-    `retry` calls cost 5% of the calls' time (BENCHMARKS.md, "Round 2, session 13"). Only
+    `retry` calls cost 7% of the calls' time (BENCHMARKS.md, "Round 2, session 13"). Only
     rank 0's preference counts (the segment publishes it), so the ranks always agree.
 
     Example:
