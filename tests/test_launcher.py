@@ -8,6 +8,7 @@ import time
 
 import pytest
 
+from fastring._core.config import MPI_SEGMENT_PREFIX
 from fastring.tools import launcher
 from process_tools import kill_survivors, marker, survivors, wait_for_output
 
@@ -264,15 +265,18 @@ def test_signal_stops_the_job(sig, code, word, group):
 
 
 def test_killed_launcher_takes_its_job_along():
-    """SIGKILL cannot be handled: mpiexec learns of it from the kernel (parent-death signal)."""
+    """SIGKILL cannot be handled: mpiexec learns of it from the kernel (parent-death signal).
+    The launcher never started MPI itself, so it leaves no MPICH segment of its own (named
+    after its pid) behind."""
     mark = marker()
-    segments = launcher.mpi_segments()  # the killed fastring-run cannot remove its job's, nor its own
+    segments = launcher.mpi_segments()  # the killed fastring-run cannot remove its job's
     proc = subprocess.Popen([RUN, "-np", "2", "python", "-c", BLOCKED, mark], stdout=subprocess.PIPE,
                             stderr=subprocess.DEVNULL)
     try:
         wait_for_output(proc.stdout, ["rank 0 started", "rank 1 started"], JOB_TIMEOUT)
         proc.kill()
         proc.wait()
+        assert not os.path.exists(f"{MPI_SEGMENT_PREFIX}{proc.pid:x}_0")
         deadline = time.monotonic() + 5
         while survivors(mark) and time.monotonic() < deadline:  # no event to wait on: poll
             time.sleep(0.05)

@@ -18,7 +18,7 @@ import pytest
 from conftest import RANKS_TIMEOUT, WORKERS, _rest_of_output
 from fastring.tools import launcher, simcluster
 
-LAUNCHER = [sys.executable, "-m", "fastring.tools.launcher"]
+LAUNCHER = [sys.executable, "-m", "fastring_run"]  # what the fastring-run command runs
 STALL_ENV = {"FASTRING_STALL_CHECK_TIME": "1", "FASTRING_STALL_SHUTDOWN_TIME": "3"}
 IS_ROOT = os.geteuid() == 0 and shutil.which("ip", path="/usr/sbin:/sbin:/usr/bin:/bin") is not None
 needs_root = pytest.mark.skipif(not IS_ROOT and os.environ.get("CI") != "true",
