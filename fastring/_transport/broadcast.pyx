@@ -211,7 +211,7 @@ def single_copy_broadcast(TransportBase t, uintptr_t buf, int64_t nbytes, int ro
     cdef uint64_t* addrs = <uint64_t*> malloc(t.size * sizeof(uint64_t))
     if addrs == NULL:
         raise MemoryError()
-    cdef double* share = &t.root_share[_bit_length(nbytes)]
+    cdef double* share = root_share_of(t, nbytes)
     try:
         with nogil:
             failed = _single_copy_broadcast(&t.link, t.rank, t.size, root, <char*> buf, nbytes,
@@ -225,12 +225,28 @@ def single_copy_broadcast(TransportBase t, uintptr_t buf, int64_t nbytes, int ro
     return failed
 
 
-cdef inline int _bit_length(uint64_t n) noexcept nogil:
+cdef double* root_share_of(TransportBase t, int64_t nbytes) noexcept nogil:
     cdef int bits = 0
+    cdef uint64_t n = <uint64_t> nbytes
     while n:
         n >>= 1
         bits += 1
-    return bits
+    return &t.root_share[bits]
+
+
+cdef int64_t root_part(const double* share, int64_t nbytes) noexcept nogil:
+    return (<int64_t> (nbytes * share[0])) & ~(<int64_t> 63)  # whole cache lines
+
+
+cdef void learn_root_share(double* share, int64_t nbytes, int64_t part, int size, double wrote,
+                           double slowest_read) noexcept nogil:
+    cdef double write_rate, read_rate, f
+    if wrote > 0 and slowest_read > 0 and 0 < part < nbytes:
+        # Both finish together when part * (N-1) / write_rate == (nbytes - part) / read_rate.
+        write_rate = part * (size - 1) / wrote
+        read_rate = (nbytes - part) / slowest_read
+        f = write_rate / (write_rate + (size - 1) * read_rate)
+        share[0] = min(0.9, max(0.05, 0.75 * share[0] + 0.25 * f))
 
 
 cdef int vm_copy(bint write, pid_t pid, char* local, uint64_t remote, int64_t nbytes) noexcept nogil:
@@ -261,7 +277,7 @@ cdef uint64_t _single_copy_broadcast(const Link* link, int rank, int size, int r
     cdef uint64_t offer[2]
     cdef uint64_t report[2]
     cdef uint64_t failed = 0, mine = <uint64_t> buf
-    cdef double began, wrote, slowest_read = 0, f, write_rate, read_rate
+    cdef double began, wrote, slowest_read = 0
     cdef int64_t share
     cdef int j
     if rank != root:
@@ -272,7 +288,7 @@ cdef uint64_t _single_copy_broadcast(const Link* link, int rank, int size, int r
         report[1] = <uint64_t> ((now() - began) * 1e9)
         sendrecv(link, <char*> report, 16, root, <char*> &failed, 8, root, tag)
         return failed
-    share = (<int64_t> (nbytes * root_share[0])) & ~(<int64_t> 63)  # whole cache lines
+    share = root_part(root_share, nbytes)
     offer[0], offer[1] = mine, share
     for j in range(size):
         if j != root:
@@ -290,10 +306,6 @@ cdef uint64_t _single_copy_broadcast(const Link* link, int rank, int size, int r
     for j in range(size):
         if j != root:
             send(link, <char*> &failed, 8, j, tag)
-    if not failed and wrote > 0 and slowest_read > 0 and 0 < share < nbytes:
-        # Both finish together when share * (N-1) / write_rate == (nbytes - share) / read_rate.
-        write_rate = share * (size - 1) / wrote
-        read_rate = (nbytes - share) / slowest_read
-        f = write_rate / (write_rate + (size - 1) * read_rate)
-        root_share[0] = min(0.9, max(0.05, 0.75 * root_share[0] + 0.25 * f))
+    if not failed:
+        learn_root_share(root_share, nbytes, share, size, wrote, slowest_read)
     return failed

@@ -69,7 +69,7 @@ from posix.mman cimport MAP_POPULATE, MAP_SHARED, PROT_READ, PROT_WRITE, mmap, m
 from posix.types cimport off_t, pid_t
 from posix.unistd cimport close
 
-from .broadcast cimport vm_copy
+from .broadcast cimport learn_root_share, root_part, root_share_of, vm_copy
 from .cycle cimport HASH, HEADER_WORDS, PAYLOAD_BYTES, block_bytes, combine_blocks, lone_payload, lone_result
 from .mpi cimport Link, TransportBase, back_off, now, reduce_fn_t
 
@@ -378,6 +378,7 @@ cdef class SharedSegment:
     cdef char* base
     cdef int64_t length
     cdef int64_t cycle_bytes, tile, cycle_off, data_off, table_off, table_stride
+    cdef int read_time_word    # in each rank's table: see `_table`
     cdef readonly int rank, size
     cdef uint64_t seq          # this rank's counter, mirrored in the segment
     cdef uint64_t data_rounds, cycles
@@ -461,7 +462,8 @@ cdef class SharedSegment:
         s.tile = _align(tile_bytes, PAGE)
         s.cycle_bytes = _align(cycle_bytes, PAGE)
         s.table_off = (n + 1) * LINE
-        s.table_stride = _align((2 * n + 2) * 8, LINE)
+        s.read_time_word = 2 * n + 2
+        s.table_stride = _align((s.read_time_word + 1) * 8, LINE)
         s.cycle_off = _align(s.table_off + n * s.table_stride, PAGE)
         s.chunk = _align(SHM_SINGLE_COPY_CHUNK_BYTES, PAGE)
         s.single_copy_bytes = SHM_SINGLE_COPY_BYTES
@@ -659,6 +661,10 @@ cdef class SharedSegment:
     # whether this allreduce goes in rounds instead.
 
     cdef inline uint64_t* _table(self, int r) noexcept nogil:
+        """Rank r's words: [0] its errno at a single-copy call's end (`_finish`), [1..2n+1]
+        the addresses and flags a call publishes before its first barrier, [read_time_word]
+        how long its read of a single-copy broadcast took, which the root reads after the
+        last barrier: no other call writes that word before its own first barrier."""
         return <uint64_t*> (self.base + self.table_off + r * self.table_stride)
 
     cdef inline bint _single_copy(self, int64_t nbytes, int64_t threshold) noexcept nogil:
@@ -1149,6 +1155,59 @@ cdef class SharedSegment:
             raise
         if err:
             self._raise_copy_error(err)
+
+    def single_copy_broadcast(self, uintptr_t buf, int64_t nbytes, int root):
+        """Broadcast the `nbytes` at `buf` on rank `root` into `buf` on every other rank by
+        copying straight between the ranks' memories, as the transport's
+        `single_copy_broadcast` does (the root writes the leading part into every other rank
+        while each reads the rest, the root's part following the speeds measured on the
+        broadcasts of about this size), with the addresses, the root's part and every rank's
+        status exchanged through the segment and two barriers instead of MPI messages.
+        Returns 0, or the errno of a copy that failed, the same on every rank: the bytes are
+        then incomplete, and the caller sends them again another way."""
+        self._check()
+        if not 0 <= root < self.size:
+            raise ValueError(f"root {root} is outside [0, {self.size})")
+        if nbytes < 0:
+            raise ValueError(f"nbytes must not be negative, got {nbytes}")
+        if not self._single_copy(nbytes, 0):
+            raise ValueError("single copy is not enabled on this transport (enable_single_copy)")
+        cdef int err = 0
+        try:
+            with nogil:
+                err = self._single_copy_broadcast(<char*> buf, nbytes, root)
+        except BaseException:
+            self._failed()
+            raise
+        return err
+
+    cdef int _single_copy_broadcast(self, char* buf, int64_t nbytes, int root) except -1 nogil:
+        cdef int n = self.size, me = self.rank, j, err = 0
+        cdef const pid_t* pids = self.transport.pids
+        cdef double* share = root_share_of(self.transport, nbytes)
+        cdef double began, wrote = 0, slowest_read = 0
+        cdef int64_t part
+        self._table(me)[1] = <uint64_t> buf
+        if me == root:
+            self._table(me)[2] = <uint64_t> root_part(share, nbytes)
+        self._data_arrive()
+        part = <int64_t> self._table(root)[2]
+        began = now()
+        if me == root:
+            for j in range(n):
+                if j != root and not err:
+                    err = vm_copy(True, pids[j], buf, self._table(j)[1], part)
+            wrote = now() - began
+        else:
+            err = vm_copy(False, pids[root], buf + part, self._table(root)[1] + part, nbytes - part)
+            self._table(me)[self.read_time_word] = <uint64_t> ((now() - began) * 1e9)
+        err = self._finish(err)
+        if me == root and not err:
+            for j in range(n):
+                if j != root:
+                    slowest_read = max(slowest_read, 1e-9 * self._table(j)[self.read_time_word])
+            learn_root_share(share, nbytes, part, n, wrote, slowest_read)
+        return err
 
     def stream_broadcast(self, uintptr_t buf, int64_t nbytes, int root):
         """Broadcast the `nbytes` at `buf` on rank `root` into `buf` on every other rank,

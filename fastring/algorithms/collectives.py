@@ -235,7 +235,9 @@ class SharedMemoryBroadcast:
 
 class SingleCopyBroadcast:
     """Every rank on one host: the root writes the leading part of the bytes into each rank
-    while every rank reads the rest (Cross Memory Attach), so the root copies too."""
+    while every rank reads the rest (Cross Memory Attach), so the root copies too; with the
+    shared segment mapped, the addresses and statuses go through it instead of MPI messages
+    (a 64 KiB broadcast's fixed cost)."""
 
     name = "single_copy"
 
@@ -249,10 +251,18 @@ class SingleCopyBroadcast:
 
     @staticmethod
     def run(rt, buf: np.ndarray, root: int) -> None:
-        failed = single_copy_broadcast(rt.transport, array_address(buf), buf.nbytes, root)
+        if rt.shm is None:
+            failed = single_copy_broadcast(rt.transport, array_address(buf), buf.nbytes, root)
+            again = "as MPI messages"
+        else:
+            failed = rt.shm.single_copy_broadcast(array_address(buf), buf.nbytes, root)
+            if failed:  # every rank alike: the bytes again, through the segment
+                rt.transport.disable_single_copy()
+                rt.shm.stream_broadcast(array_address(buf), buf.nbytes, root)
+            again = "through the shared segment"
         if failed:
-            log.warning("single-copy broadcast failed (%s); it was sent as MPI messages "
-                        "instead, as every broadcast will be from now on", os.strerror(failed))
+            log.warning("single-copy broadcast failed (%s); it was sent %s instead, and no "
+                        "broadcast will copy between the processes from now on", os.strerror(failed), again)
 
 
 class ChainBroadcast:

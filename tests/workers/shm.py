@@ -5,7 +5,8 @@ check: the segment is mapped and already unlinked; every dtype x op through it, 
     large (by single copy: chunks claimed by whichever rank is free, uneven last chunk),
     Average and the postscale, out= into another array with the input left alone, fusion of
     async requests, grouped allreduce, compression, the negotiation cycle through it; the
-    other collectives' loops by single copy; streamed broadcasts; allgather and alltoall
+    other collectives' loops by single copy; streamed broadcasts and single-copy broadcasts
+    through the segment (a failed copy sent again); allgather and alltoall
     streamed through the rings, back to back with broadcasts; copies by streaming stores,
     and allgather and alltoall writing their outputs with them, streamed, by single copy and
     in rounds; a single copy that fails (a rank publishes an
@@ -269,6 +270,56 @@ def streamed_broadcasts(tag):
                    ValueError, "root")
     c.expect_error("stream_broadcast negative size", lambda: shm.stream_broadcast(array_address(buf), -1, 0),
                    ValueError, "negative")
+
+
+def single_copy_broadcasts():
+    """SharedSegment.single_copy_broadcast: every root, from no byte to 2 MB, each size twice
+    (the second call splits the bytes by the first one's speeds), each followed at once by a
+    single-copy allreduce, which publishes its addresses in the table while the root may still
+    read the broadcast's read times; bad arguments; a copy that fails (the root's buffer
+    unmapped) is the same errno on every rank; and through SingleCopyBroadcast, a copy that
+    fails on one rank (the root's process id made wrong there) sends the bytes again through
+    the segment, says why, and turns single copy off."""
+    from fastring._transport.testing import set_pid
+    from fastring.algorithms.collectives import SingleCopyBroadcast
+    a = np.full(2 * SHM_SINGLE_COPY_CHUNK_BYTES // 8 + 1, float(R))
+    for nbytes in (0, 1, 63, 4097, 300_001, 2_000_003):
+        for root in range(N):
+            expect = ((np.arange(nbytes, dtype=np.int64) * 7 + root) % 251).astype(np.uint8)
+            for call in range(2):
+                buf = expect.copy() if R == root else np.full(nbytes, 255, np.uint8)
+                failed = shm.single_copy_broadcast(array_address(buf), nbytes, root)
+                c.CHECKS.check(failed == 0, f"single-copy broadcast of {nbytes} B from {root} failed: {failed}")
+                c.check_close(f"single-copy broadcast {nbytes} B from {root}, call {call}", buf, expect, 0)
+                out = np.empty_like(a)
+                c.CHECKS.check(shm.allreduce(array_address(a), array_address(out), a.nbytes, sum_f64, 8, False)
+                               == "single copy", "the allreduce after the broadcast did not go by single copy")
+                c.check_close(f"single-copy allreduce after a broadcast of {nbytes} B", out,
+                              np.full_like(a, N * (N - 1) / 2), 0)
+    buf = np.zeros(8, np.uint8)
+    c.expect_error("single-copy broadcast bad root",
+                   lambda: shm.single_copy_broadcast(array_address(buf), 8, N), ValueError, "root")
+    c.expect_error("single-copy broadcast negative size",
+                   lambda: shm.single_copy_broadcast(array_address(buf), -1, 0), ValueError, "negative")
+    buf = np.zeros(100_000, np.uint8)
+    failed = shm.single_copy_broadcast(4096 if R == 0 else array_address(buf), buf.nbytes, 0)
+    c.CHECKS.check(failed == errno.EFAULT and rt.transport.single_copy,
+                   f"a failed single-copy broadcast: errno {failed}, single copy on {rt.transport.single_copy}")
+    failures = []
+    catcher = logging.Handler()
+    catcher.emit = failures.append
+    logging.getLogger("fastring").addHandler(catcher)
+    if R == V:
+        set_pid(rt.transport, 0, c.pid_of_no_process())
+    expect = (np.arange(300_001) % 253).astype(np.uint8)
+    buf = expect.copy() if R == 0 else np.zeros_like(expect)
+    SingleCopyBroadcast.run(rt, buf, 0)
+    logging.getLogger("fastring").removeHandler(catcher)
+    c.check_close("a single-copy broadcast sent again after a failed copy", buf, expect, 0)
+    said = [f.getMessage() for f in failures]
+    c.CHECKS.check(not rt.transport.single_copy and any("No such process" in m and "segment" in m for m in said),
+                   f"a failed single-copy broadcast: single copy on {rt.transport.single_copy}, logged {said}")
+    c.CHECKS.check(rt.transport.enable_single_copy(), "single copy could not be enabled again")
 
 
 def streaming_copies():
@@ -685,6 +736,7 @@ finished_where_reduced(lambda dt: (SHM_ONE_STEP_BYTES // dt.itemsize - 1,
                                     2 * SHM_SINGLE_COPY_CHUNK_BYTES // dt.itemsize + N + 1), "single copy")
 collectives_loops("single copy", 1 << 20)
 streamed_broadcasts("cached")
+single_copy_broadcasts()
 streaming_copies()
 streamed_exchanges("cached")
 lean_exchanges("cached")
