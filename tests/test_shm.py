@@ -142,8 +142,9 @@ def test_timed_choice():
     """algorithms.choice.TimedChoice: each way twice in turn, each timed call right after an
     untimed one of the same way, then the one with the lowest of its last times, each warmed
     and timed once more at the end of every period; a way that turns slow loses the choice
-    once its last `kept` times are slow, or at once where a timing is more than `relearn`
-    times its lowest (the tries start afresh), one that turns fast wins it at its next timing; a way
+    once its last `kept` times are slow, or at once where two timings in a row are more than
+    `relearn` times its lowest (the tries start afresh; one such timing alone is dropped and the
+    next call timed), one that turns fast wins it at its next timing; a way
     k times slower than the chosen one is timed in one period of k; sizes
     of another power of two learn on their own; a period too short to warm and time every way
     is refused. Its docstring example runs too."""
@@ -172,10 +173,23 @@ def test_timed_choice():
     cost["a"] = 0.5  # a turns fast: its next timing wins it back within a period
     assert run(6)[-2:] == ["a", "a"]
     assert c.pick(1 << 20) == ("a", False)  # another size starts afresh, warming a up
-    # a 6x slower at once (the machine's state changed): its next timing starts the tries
-    # afresh, and b runs from the end of them, not after `kept` periods
+    # a 6x slower at once (the machine's state changed): its next timing is not kept, the
+    # next call times it again, and that second slow timing starts the tries afresh; b runs
+    # from the end of them, not after `kept` periods
     cost["a"] = 3.0
-    assert run(14) == ["a", "a*"] + ["a", "a*", "b", "b*"] * 2 + ["b", "b", "b", "b*"]
+    assert run(15) == ["a", "a*", "a*"] + ["a", "a*", "b", "b*"] * 2 + ["b", "b", "b", "b*"]
+    # one slow timing alone (a preempted call) is dropped: the next is timed and the choice stays
+    cost["b"] = 0.5
+    run(64)
+    seen, slow_once = [], True
+    for _ in range(64):
+        way, timed = c.pick(1000)
+        seen.append(way + ("*" if timed else ""))
+        if timed:
+            c.record(1000, way, 5.0 if way == "b" and slow_once else cost[way])
+            slow_once = slow_once and way != "b"
+    first = seen.index("b*")
+    assert seen[first:first + 3] == ["b*", "b*", "b"], seen
     # a way 5x slower is timed (warmed, then timed) in one period of five
     c, cost = choice.TimedChoice(("a", "b"), period=6), {"a": 1.0, "b": 5.0}
     run(8)

@@ -148,8 +148,9 @@ SHM_STREAM_EXCHANGE_MAX_BYTES = 32 << 20
 SHM_STREAM_EXCHANGE_LEAD_PIECES = 2
 # A single-copy-sized allreduce of a buffer goes by single copy or in rounds, whichever was the
 # faster for that buffer (huge pages or not decide it: fastring.algorithms.shm.PathTimes); the
-# other is tried again every SHM_ALLREDUCE_RETRY_CALLS calls: at 16 and 64 MiB the slower path
-# took about twice the faster's time, so each retry costs 1/64 of a call on average.
+# other is tried again every SHM_ALLREDUCE_RETRY_CALLS calls (every k times that where it was
+# k times slower): at 16 and 64 MiB the slower path took about twice the faster's time, so
+# each retry costs 1/64 of a call on average.
 SHM_ALLREDUCE_RETRY_CALLS = 64
 # Where two ways of moving a one-host message are both correct and which is faster depends on
 # the machine (a broadcast streamed through the segment or copied between the processes:

@@ -7,7 +7,7 @@ Layout (every area on its own cache lines):
 
     [sequence word of rank 0 | ... of rank n-1]            one 128-byte line each
     [claim counter]                                        one line
-    [address table of rank 0 | ... of rank n-1]            2n + 2 words each
+    [address table of rank 0 | ... of rank n-1]            2n + 3 words each (`_table`)
     [cycle slot 0 and 1 of rank 0 | ... of rank n-1]       negotiation blocks
     [data buffer 0 and 1 of rank 0 | ... of rank n-1]      `tile` bytes each
     [stream ring of rank 0 | ... of rank n-1]              `tile` bytes each (streams)
@@ -662,9 +662,10 @@ cdef class SharedSegment:
 
     cdef inline uint64_t* _table(self, int r) noexcept nogil:
         """Rank r's words: [0] its errno at a single-copy call's end (`_finish`), [1..2n+1]
-        the addresses and flags a call publishes before its first barrier, [read_time_word]
-        how long its read of a single-copy broadcast took, which the root reads after the
-        last barrier: no other call writes that word before its own first barrier."""
+        the addresses and flags a call publishes before its first barrier (a single-copy
+        broadcast: its buffer at [1], the root's part at [2]), [read_time_word] how long its
+        read of a single-copy broadcast took, which the root reads after the last barrier: no
+        other call writes that word before its own first barrier."""
         return <uint64_t*> (self.base + self.table_off + r * self.table_stride)
 
     cdef inline bint _single_copy(self, int64_t nbytes, int64_t threshold) noexcept nogil:

@@ -32,10 +32,12 @@ class TimedChoice:
     first call after the other way's traffic (or the first of its size) measured up to twice
     its time (its buffers no longer in the cache), which kept the slower way chosen
     (BENCHMARKS.md, "Round 2, session 9"). A timing of the chosen way more than `relearn`
-    times its lowest kept time starts the tries afresh: the machine's state can change within
-    a launch (a hand-over of lines between the cores 3-10x slower), and waiting for `kept`
-    slow timings, one a period, ran the slower way for 192 calls (BENCHMARKS.md, "Round 2,
-    session 13"). The times recorded must be the same on every rank
+    times its lowest kept time is not kept: the next call times the chosen way again, and if
+    that one is as slow too, the tries start afresh. The machine's state can change within a
+    launch (a hand-over of lines between the cores 3-10x slower), and waiting for `kept` slow
+    timings, one a period, ran the slower way for 192 calls (BENCHMARKS.md, "Round 2, session
+    13"); a single preempted call, on a machine running more processes than cores, must not
+    cost the tries. The times recorded must be the same on every rank
     (`slowest`), so that every rank makes the same choices; `pick` says when a call is to be
     timed, and only those calls pay for that agreement.
 
@@ -52,7 +54,7 @@ class TimedChoice:
     """
 
     kept = 3  # times kept per way: the lowest of them counts, so one slow call does not flip it
-    relearn = 3.0  # the chosen way this many times slower than its lowest kept time: try afresh
+    relearn = 3.0  # the chosen way this many times slower than its lowest kept time, twice: try afresh
 
     def __init__(self, ways: tuple, period: int = PATH_TIMING_PERIOD_CALLS, tries: int = 2):
         if period < 2 * len(ways) or tries < 1:
@@ -60,16 +62,19 @@ class TimedChoice:
                              "tries must be at least 1")
         self.ways, self.period, self.tries = tuple(ways), period, tries
         self._timed_from = period - 2 * len(ways)  # the calls of a period from here on are timed
-        # power of two -> [calls, the faster way once each was tried, [times of each way]]
+        # power of two -> [calls, the faster way once each was tried, [times of each way],
+        #                  whether its last timing was over `relearn` times its lowest]
         self._sizes: dict[int, list] = {}
 
     def pick(self, nbytes: int) -> tuple:
         """(the way to run, whether to time it and `record` the slowest rank's time)."""
         entry = self._sizes.get(nbytes.bit_length())
         if entry is None:
-            entry = self._sizes[nbytes.bit_length()] = [0, None, [[] for _ in self.ways]]
+            entry = self._sizes[nbytes.bit_length()] = self._afresh()
         calls, faster = entry[0], entry[1]
         entry[0] = calls + 1
+        if entry[3]:  # the chosen way's last timing was slow: again, right after it
+            return faster, True
         if faster is None:  # the tries: each way warmed up and timed in turn
             phase = calls % (2 * len(self.ways))
             return self.ways[phase // 2], phase % 2 == 1
@@ -98,12 +103,19 @@ class TimedChoice:
         entry = self._sizes[nbytes.bit_length()]
         times = entry[2][self.ways.index(way)]
         if way == entry[1] and seconds > self.relearn * min(times):
-            entry[:] = [0, None, [[] for _ in self.ways]]
+            if entry[3]:  # the second in a row: the machine changed, not one call
+                entry[:] = self._afresh()
+            else:
+                entry[3] = True
             return
+        entry[3] = False
         times.append(seconds)
         del times[:-self.kept]
         if all(len(t) >= self.tries for t in entry[2]):
             entry[1] = min(zip(self.ways, entry[2]), key=lambda way_times: min(way_times[1]))[0]
+
+    def _afresh(self) -> list:
+        return [0, None, [[] for _ in self.ways], False]
 
 
 def slowest(rt, seconds: float) -> float:

@@ -262,7 +262,7 @@ class SingleCopyBroadcast:
             again = "through the shared segment"
         if failed:
             log.warning("single-copy broadcast failed (%s); it was sent %s instead, and no "
-                        "broadcast will copy between the processes from now on", os.strerror(failed), again)
+                        "collective will copy between the processes from now on", os.strerror(failed), again)
 
 
 class ChainBroadcast:

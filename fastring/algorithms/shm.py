@@ -142,7 +142,7 @@ class PathTimes:
             return len(t[1]) < len(t[0])  # alternating, single copy first
         t[2] += 1
         single, buffers = min(t[0]), min(t[1])
-        slower = max(1, round(max(single, buffers) / min(single, buffers)))
+        slower = max(1, round(max(single, buffers) / max(min(single, buffers), 1e-9)))
         return (buffers < single) != (t[2] % (self.retry * slower) == 0)
 
     def record(self, key: tuple[int, int], single_copy: bool, seconds: float) -> None:

@@ -274,9 +274,8 @@ def streamed_broadcasts(tag):
 
 def single_copy_broadcasts():
     """SharedSegment.single_copy_broadcast: every root, from no byte to 2 MB, each size twice
-    (the second call splits the bytes by the first one's speeds), each followed at once by a
-    single-copy allreduce, which publishes its addresses in the table while the root may still
-    read the broadcast's read times; bad arguments; a copy that fails (the root's buffer
+    (the second call with the root's part learned from the first), each followed at once by a
+    single-copy allreduce, whose table words follow the broadcast's; bad arguments; a copy that fails (the root's buffer
     unmapped) is the same errno on every rank; and through SingleCopyBroadcast, a copy that
     fails on one rank (the root's process id made wrong there) sends the bytes again through
     the segment, says why, and turns single copy off."""
