@@ -115,6 +115,13 @@ SHM_STORE_WAYS = ("cached", "streaming")
 SHM_SINGLE_COPY_BYTES = SHM_TILE_BYTES
 SHM_ALLREDUCE_SINGLE_COPY_BYTES = SHM_TILE_BYTES + 1  # more than one buffer
 SHM_SINGLE_COPY_CHUNK_BYTES = 1 << 20
+# A group reduced where its tensors lie (grouped_allreduce, a fused batch: `allreduce_pieces`)
+# goes in rounds through the segment's buffers, with the stores timed as up to a buffer, until
+# this many bytes in all; from here single copy, which needs the group gathered into one buffer
+# first (np=2, 8-16 MB groups: the rounds 993-2381 us against 1478-3346 gathered and copied in
+# the fast state; in the slow state, plain stores 3030-6142 against 1406-3247: BENCHMARKS.md,
+# "Round 2, session 13").
+SHM_PIECES_SINGLE_COPY_BYTES = 16 << 20
 # An allreduce of more than a buffer that does not go by single copy is pipelined through the
 # segment's buffers in tiles of at most this many bytes per rank's part: small enough that a
 # tile one rank stages is still in the cache when another reduces it, large enough that the

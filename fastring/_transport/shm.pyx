@@ -74,7 +74,7 @@ from .cycle cimport HASH, HEADER_WORDS, PAYLOAD_BYTES, block_bytes, combine_bloc
 from .mpi cimport Link, TransportBase, back_off, now, reduce_fn_t
 
 from .._core.config import (MPI_SEGMENT_PREFIX, SHM_ACTIVE_SPIN_SECONDS, SHM_ALLREDUCE_SINGLE_COPY_BYTES, SHM_HOT_SPIN_SECONDS,
-                            SHM_PIECES_ROUND_BYTES, SHM_PIPELINE_TILE_BYTES, SHM_REDUCESCATTER_ROUND_BYTES,
+                            SHM_PIECES_ROUND_BYTES, SHM_PIECES_SINGLE_COPY_BYTES, SHM_PIPELINE_TILE_BYTES, SHM_REDUCESCATTER_ROUND_BYTES,
                             SHM_SINGLE_COPY_BYTES,
                             SHM_SINGLE_COPY_CHUNK_BYTES, SHM_STREAM_EXCHANGE_LEAD_PIECES, SHM_STREAM_EXCHANGE_MAX_BYTES,
                             SHM_STREAM_LARGE_PIECE_BYTES, SHM_STREAM_PIECE_BYTES,
@@ -389,7 +389,7 @@ cdef class SharedSegment:
     cdef uint64_t piped        # tiles every pipelined allreduce so far ran (`_pipeline`)
     # Where single copy starts (SHM_SINGLE_COPY_BYTES, SHM_ALLREDUCE_SINGLE_COPY_BYTES); tests
     # lower them, on every rank alike, to run small messages that way.
-    cdef public int64_t single_copy_bytes, allreduce_single_copy_bytes
+    cdef public int64_t single_copy_bytes, allreduce_single_copy_bytes, pieces_single_copy_bytes
     cdef public int64_t streaming_bytes  # outputs from this size are written with streaming stores
     # allgather_rows and alltoall_rows stream when each rank's output is at most this many bytes
     # (SHM_STREAM_EXCHANGE_MAX_BYTES); tests change it, on every rank alike
@@ -459,6 +459,7 @@ cdef class SharedSegment:
         s.rank, s.size, s.transport = me, n, transport
         s.oversubscribed = n > len(os.sched_getaffinity(0))
         s.allreduce_single_copy_bytes = SHM_ALLREDUCE_SINGLE_COPY_BYTES
+        s.pieces_single_copy_bytes = SHM_PIECES_SINGLE_COPY_BYTES
         s.tile = _align(tile_bytes, PAGE)
         s.cycle_bytes = _align(cycle_bytes, PAGE)
         s.table_off = (n + 1) * LINE
@@ -928,8 +929,8 @@ cdef class SharedSegment:
         input; otherwise, in rounds of SHM_PIECES_ROUND_BYTES, each rank copies only the parts
         the others reduce into its buffer and reduces its own part reading its pieces where
         they lie (in rank order, as every path: the same bits). Returns False, having done
-        nothing, where `allreduce` would copy between the ranks' memories instead (from
-        SHM_ALLREDUCE_SINGLE_COPY_BYTES). `streaming` as in `allreduce`."""
+        nothing, where the group is to be gathered and copied between the ranks' memories
+        instead (from SHM_PIECES_SINGLE_COPY_BYTES in all). `streaming` as in `allreduce`."""
         self._check()
         cdef int64_t count = addresses.shape[0], nbytes = 0, i
         if lengths.shape[0] != count:
@@ -942,7 +943,7 @@ cdef class SharedSegment:
             nbytes += lengths[i]
         if one_step and nbytes > self.tile:
             raise ValueError(f"a one-step allreduce must fit in {self.tile} bytes, got {nbytes}")
-        if self._single_copy(nbytes, self.allreduce_single_copy_bytes):
+        if self._single_copy(nbytes, self.pieces_single_copy_bytes):
             return False
         if nbytes == 0:
             return True

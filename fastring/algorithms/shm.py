@@ -41,11 +41,13 @@ class SharedMemory:
         where they lie, without gathering them into one buffer first. Returns False, having
         done nothing, where the segment would not read them so (`run` must take a gathered
         copy then)."""
+        if rt.transport.single_copy and r.flat.nbytes >= rt.shm.pieces_single_copy_bytes:
+            return False  # as allreduce_pieces would: the group gathered goes by single copy
         reduce_fn, itemsize, one_step, finishing = _call_args(rt.shm, r)
         with r.phase("shm-allreduce"):
             if not _stores(rt, r.flat.nbytes, lambda streaming: rt.shm.allreduce_pieces(
                     addresses, lengths, array_address(r.flat), reduce_fn, itemsize, one_step, *finishing,
-                    streaming=streaming)):
+                    streaming=streaming), most=rt.shm.pieces_single_copy_bytes):
                 return False
             if not finishing:
                 r.finalize(r.flat)
@@ -61,7 +63,7 @@ class SharedMemory:
             if flat.nbytes < shm.allreduce_single_copy_bytes:  # no path to choose: only the stores
                 _stores(rt, flat.nbytes, lambda streaming: shm.allreduce(
                     array_address(src), array_address(flat), flat.nbytes, reduce_fn, itemsize, one_step, False,
-                    *finishing, streaming=streaming))
+                    *finishing, streaming=streaming), most=shm.tile_bytes)
             else:
                 key = (array_address(flat), flat.nbytes)
                 start = time.perf_counter()
@@ -73,13 +75,12 @@ class SharedMemory:
                 r.finalize(flat)
 
 
-def _stores(rt, nbytes: int, call):
+def _stores(rt, nbytes: int, call, most: int):
     """`call(streaming)`: whether what the ranks write for each other goes by streaming stores
-    is timed on the calls from SHM_TIMED_CHOICE_MIN_BYTES up to a buffer (`timed_stores`)
-    that do not go by single copy; smaller ones, and the pipeline above a buffer, use plain
-    stores. Returns call's result."""
-    if not (SHM_TIMED_CHOICE_MIN_BYTES <= nbytes <= rt.shm.tile_bytes
-            and nbytes < rt.shm.allreduce_single_copy_bytes):  # single copy: allreduce_pieces declines
+    is timed on the calls from SHM_TIMED_CHOICE_MIN_BYTES up to `most` bytes (`timed_stores`:
+    one step and rounds up to a buffer, a group's rounds up to SHM_PIECES_SINGLE_COPY_BYTES);
+    smaller ones, and the pipeline above a buffer, use plain stores. Returns call's result."""
+    if not SHM_TIMED_CHOICE_MIN_BYTES <= nbytes <= most:
         return call(False)
     return timed_stores(rt, "allreduce", nbytes, call)
 

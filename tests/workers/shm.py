@@ -588,6 +588,9 @@ def _timed_choices(tag):
             "alltoall": ("stream", "single copy"), "reducescatter": SHM_STORE_WAYS}
     for collective, its_ways in ways.items():
         rt.choices[collective] = choice.TimedChoice(its_ways, period)
+        # no fresh tries (test_timed_choice has them): this counts each way's timings, and on
+        # a loaded machine two timings in a row can come 3x over the best
+        rt.choices[collective].relearn = float("inf")
     nbytes = SHM_TIMED_CHOICE_MIN_BYTES + 4 * 999
     results = []
     for k in range(3 * period + 1):
@@ -721,11 +724,17 @@ out = np.zeros(10, np.int32)
 c.CHECKS.check(shm.allreduce_pieces(at, length, array_address(out), sum_i32, 4, False) and np.all(out == N),
                f"pieces: the ranks fell out of step after the refused calls: {out}")
 saved = shm.allreduce_single_copy_bytes
-shm.allreduce_single_copy_bytes = one.nbytes
+shm.allreduce_single_copy_bytes = one.nbytes  # the group's own threshold decides, not this one
+out[:] = -1
+c.CHECKS.check(shm.allreduce_pieces(at, length, array_address(out), sum_i32, 4, False) and np.all(out == N),
+               f"pieces: declined below SHM_PIECES_SINGLE_COPY_BYTES: {out}")
+shm.allreduce_single_copy_bytes = saved
+saved = shm.pieces_single_copy_bytes
+shm.pieces_single_copy_bytes = one.nbytes
 out[:] = -1
 c.CHECKS.check(shm.allreduce_pieces(at, length, array_address(out), sum_i32, 4, False) is False and np.all(out == -1),
                "pieces: not declined where single copy would run")
-shm.allreduce_single_copy_bytes = saved
+shm.pieces_single_copy_bytes = saved
 # Every dtype and op, one step (above the cycle's 64 KiB) and by single copy (the threshold
 # lowered to 1 MiB: more than one chunk, the last one uneven, claimed by whichever rank is free).
 shm.allreduce_single_copy_bytes = shm.single_copy_bytes = 1 << 20
