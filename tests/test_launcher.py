@@ -204,6 +204,27 @@ def test_segments_left_unmapped_are_removed(tmp_path):
     assert old.exists() and mapped.exists() and not left.exists()
 
 
+def test_a_rank_exiting_during_the_cleanup_does_not_keep_its_segment(tmp_path, monkeypatch):
+    """A rank of the job that exits between the cleanup's read of its maps and of its
+    environment (empty once its memory is gone, as its maps then are) does not count as
+    mapping the job's segment: one CI run kept a 3-rank job's segment so."""
+    from fastring._core import shm_files
+
+    prefix, segment = str(tmp_path / "mpich_shm_"), tmp_path / "mpich_shm_job_0"
+    segment.write_bytes(b"x" * 4096)
+    mine, reads = f"/proc/{os.getpid()}/maps", []
+
+    def mapped_under(prefix_, maps):  # this process plays the rank: it maps the segment once
+        if maps != mine:
+            return set()
+        reads.append(maps)
+        return {str(segment)} if len(reads) == 1 else set()
+    monkeypatch.setattr(shm_files, "mapped_under", mapped_under)
+    monkeypatch.setattr(launcher, "_in_job", lambda pid, job: False)  # its environment gone
+    assert launcher.remove_unmapped_segments(set(), prefix, job="the job") == [str(segment)]
+    assert not segment.exists()
+
+
 def test_exit_grace_flag():
     _, env = launcher.build_command(["-np", "2", "--exit-grace", "0.25", "python", "x.py"])
     assert env[launcher.GRACE_ENV] == "0.25"

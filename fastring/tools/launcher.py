@@ -545,9 +545,15 @@ def remove_unmapped_segments(before: set[str], prefix: str | None = None,
     mapped = set()
     for pid in os.listdir("/proc"):
         if pid.isdigit():
-            found = mapped_under(prefix, f"/proc/{pid}/maps") & new
-            if found and not (job is not None and _in_job(int(pid), job)):
-                mapped |= found
+            maps = f"/proc/{pid}/maps"
+            found = mapped_under(prefix, maps) & new
+            if found and job is not None:
+                if _in_job(int(pid), job):
+                    continue
+                # A rank of the job that was exiting has an empty environment once its memory
+                # is gone, and then its maps are empty too: read them again after it.
+                found = mapped_under(prefix, maps) & new
+            mapped |= found
     return unlink_each(new - mapped)
 
 
