@@ -41,13 +41,11 @@ class SharedMemory:
         where they lie, without gathering them into one buffer first. Returns False, having
         done nothing, where the segment would not read them so (`run` must take a gathered
         copy then)."""
-        if rt.transport.single_copy and r.flat.nbytes >= rt.shm.pieces_single_copy_bytes:
-            return False  # as allreduce_pieces would: the group gathered goes by single copy
         reduce_fn, itemsize, one_step, finishing = _call_args(rt.shm, r)
         with r.phase("shm-allreduce"):
             if not _stores(rt, r.flat.nbytes, lambda streaming: rt.shm.allreduce_pieces(
                     addresses, lengths, array_address(r.flat), reduce_fn, itemsize, one_step, *finishing,
-                    streaming=streaming), most=rt.shm.pieces_single_copy_bytes):
+                    streaming=streaming), most=rt.shm.pieces_single_copy_bytes - 1):
                 return False
             if not finishing:
                 r.finalize(r.flat)
@@ -78,7 +76,8 @@ class SharedMemory:
 def _stores(rt, nbytes: int, call, most: int):
     """`call(streaming)`: whether what the ranks write for each other goes by streaming stores
     is timed on the calls from SHM_TIMED_CHOICE_MIN_BYTES up to `most` bytes (`timed_stores`:
-    one step and rounds up to a buffer, a group's rounds up to SHM_PIECES_SINGLE_COPY_BYTES);
+    one step and rounds up to a buffer, a group's rounds below SHM_PIECES_SINGLE_COPY_BYTES,
+    where allreduce_pieces declines to single copy, so that no declined call is timed);
     smaller ones, and the pipeline above a buffer, use plain stores. Returns call's result."""
     if not SHM_TIMED_CHOICE_MIN_BYTES <= nbytes <= most:
         return call(False)
