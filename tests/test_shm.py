@@ -94,9 +94,9 @@ def test_unlink_mapped_takes_only_mapped_names_under_the_prefix(tmp_path):
 def test_path_times():
     """Which path a single-copy-sized allreduce takes for a buffer (algorithms.shm.PathTimes):
     single copy and the pipeline alternate, single copy first, until each was timed twice, then
-    the one with the fastest of its last `kept` times, the other every `retry` calls, or every
-    k * `retry` calls where it is k times slower; the table starts over past its size. Its
-    docstring example runs too."""
+    the one with the fastest of its last `kept` times, the other once in `retry` calls times
+    choice.retry_every of their times (two calls a try); the table starts over past its size.
+    Its docstring example runs too."""
     from fastring.algorithms import shm
     from conftest import check_doctests
     check_doctests((shm,), more_than=3)
@@ -109,8 +109,8 @@ def test_path_times():
     assert p.prefer_buffers(a) is False
     p.record(a, True, 1e-3)
     assert p.prefer_buffers(a) is True
-    p.record(a, False, 2e-3)  # timed twice each: the pipeline takes over, single copy every third call
-    assert [p.prefer_buffers(a) for _ in range(6)] == [True, True, False, True, True, False]
+    p.record(a, False, 2e-3)  # timed twice each: the pipeline takes over, single copy once in
+    assert [i for i in range(174) if not p.prefer_buffers(a)] == [86, 173]  # 3 * 29 calls
     p.record(a, False, 5e-3)  # a slower pipelined call: the fastest kept one still counts
     assert p.prefer_buffers(a) is True
     p.record(a, False, 5e-3)  # the fast one has left the kept times: single copy is faster
@@ -120,16 +120,16 @@ def test_path_times():
     q.record(a, False, 9e-3)
     q.record(a, True, 1e-3)
     assert q.prefer_buffers(a) is True
-    q.record(a, False, 0.6e-3)  # 1.67x faster: single copy every 2 * 3 calls
-    assert [q.prefer_buffers(a) for _ in range(6)] == [True] * 5 + [False]
-    r = shm.PathTimes(retry=3)  # single copy faster: the pipeline again every third call
+    q.record(a, False, 0.6e-3)  # 1.67x faster: single copy once in 3 * 45 calls
+    assert [i for i in range(270) if not q.prefer_buffers(a)] == [134, 269]
+    r = shm.PathTimes(retry=3)  # single copy faster: the pipeline again once in 3 * 27 calls
     for single in (True, False, True, False):
         r.record(a, single, 1e-3 if single else 1.4e-3)
-    assert [r.prefer_buffers(a) for _ in range(6)] == [False, False, True, False, False, True]
-    r.record(a, False, 4e-3)  # the pipeline 4x slower in its kept times: every 4 * 3 calls
+    assert [i for i in range(162) if r.prefer_buffers(a)] == [80, 161]
+    r.record(a, False, 4e-3)  # the pipeline 4x slower in its kept times: once in 3 * 200 calls
     r.record(a, False, 4e-3)
     r.record(a, False, 4e-3)
-    assert [i for i in range(24) if r.prefer_buffers(a)] == [5, 17]
+    assert [i for i in range(1200) if r.prefer_buffers(a)] == [437, 1037]
     p.most = 2
     p.record(b, True, 1e-3)
     p.record((3 << 12, 16 << 20), True, 1e-3)
@@ -144,8 +144,9 @@ def test_timed_choice():
     and timed once more at the end of every period; a way that turns slow loses the choice
     once its last `kept` times are slow, or at once where two timings in a row are more than
     `relearn` times its lowest (the tries start afresh; one such timing alone is dropped and the
-    next call timed), one that turns fast wins it at its next timing; a way
-    k times slower than the chosen one is timed in one period of k; sizes
+    next call timed), one that turns fast wins it at its next timing; a slower way is timed in
+    one period of choice.retry_every of their times (three calls a try; here a quarter of the
+    calls' time may go to tries, so that the periods stay few); sizes
     of another power of two learn on their own; a period too short to warm and time every way
     is refused. Its docstring example runs too."""
     import pytest
@@ -153,6 +154,7 @@ def test_timed_choice():
     from fastring.algorithms import choice
     check_doctests((choice,), more_than=1)
     c = choice.TimedChoice(("a", "b"), period=6)
+    c.share = 0.25
     cost = {"a": 1.0, "b": 2.0}
 
     def run(calls):
@@ -175,9 +177,10 @@ def test_timed_choice():
     assert c.pick(1 << 20) == ("a", False)  # another size starts afresh, warming a up
     # a 6x slower at once (the machine's state changed): its next timing is not kept, the
     # next call times it again, and that second slow timing starts the tries afresh; b runs
-    # from the end of them, not after `kept` periods
+    # from the end of them, not after `kept` periods (a, 1.5x slower, is timed every period)
     cost["a"] = 3.0
-    assert run(15) == ["a", "a*", "a*"] + ["a", "a*", "b", "b*"] * 2 + ["b", "b", "b", "b*"]
+    assert run(15) == ["a", "a*", "a*"] + ["a", "a*", "b", "b*"] * 3
+    assert run(6) == ["b", "b", "a", "a*", "b", "b*"]
     # one slow timing alone (a preempted call) is dropped: the next is timed and the choice stays
     cost["b"] = 0.5
     run(64)
@@ -190,12 +193,29 @@ def test_timed_choice():
             slow_once = slow_once and way != "b"
     first = seen.index("b*")
     assert seen[first:first + 3] == ["b*", "b*", "b"], seen
-    # a way 5x slower is timed (warmed, then timed) in one period of five
+    # a way 5x slower is timed (warmed, then timed) in one period of 3 * 4 / (0.25 * 6) = 8
     c, cost = choice.TimedChoice(("a", "b"), period=6), {"a": 1.0, "b": 5.0}
+    c.share = 0.25
     run(8)
-    assert [i for i, way in enumerate(run(60)) if way[0] == "b"] == [26, 27, 56, 57]
+    assert [i for i, way in enumerate(run(100)) if way[0] == "b"] == [44, 45, 92, 93]
     with pytest.raises(ValueError, match="period of 3 calls cannot warm up and time 2 ways"):
         choice.TimedChoice(("a", "b"), period=3)
+
+
+def test_retry_every():
+    """choice.retry_every: the fewest periods between tries of a slower way that keep the tries
+    within `share` of the calls' time, at least one; a way no slower is tried every period."""
+    from fastring.algorithms.choice import retry_every
+    assert retry_every(2e-3, 1e-3, 1, 64) == 2          # 1/64 would be 1.6%, 1/128 is 0.8%
+    assert retry_every(6e-3, 1e-3, 3, 64) == 24
+    assert retry_every(6e-3, 1e-3, 3, 64, share=0.05) == 5
+    assert retry_every(1e-3, 1e-3, 3, 64) == retry_every(5e-4, 1e-3, 3, 64) == 1
+    assert retry_every(1e-3, 0.0, 1, 64) > 10 ** 6     # a chosen way timed at 0: hardly ever
+    for slower in (1.01, 1.3, 2.0, 4.5, 17.0):
+        for calls, period, share in ((1, 64, 0.01), (3, 64, 0.01), (2, 8, 0.2)):
+            k = retry_every(slower, 1.0, calls, period, share)
+            cost = lambda periods: calls * (slower - 1.0) / (periods * period * 1.0)
+            assert cost(k) <= share * (1 + 1e-9) and (k == 1 or cost(k - 1) > share), (slower, calls, k)
 
 
 def test_exchanges_of_one_rank():

@@ -155,10 +155,16 @@ SHM_STREAM_EXCHANGE_MAX_BYTES = 32 << 20
 SHM_STREAM_EXCHANGE_LEAD_PIECES = 2
 # A single-copy-sized allreduce of a buffer goes by single copy or in rounds, whichever was the
 # faster for that buffer (huge pages or not decide it: fastring.algorithms.shm.PathTimes); the
-# other is tried again every SHM_ALLREDUCE_RETRY_CALLS calls (every k times that where it was
-# k times slower): at 16 and 64 MiB the slower path took about twice the faster's time, so
-# each retry costs 1/64 of a call on average.
+# other is tried again in one of every so many SHM_ALLREDUCE_RETRY_CALLS calls that retrying it
+# costs at most RETRY_COST_SHARE of the calls' time.
 SHM_ALLREDUCE_RETRY_CALLS = 64
+# A way (or path) slower than the chosen one is tried again only so often that its retries add
+# at most this share to the calls' time (fastring.algorithms.choice.retry_every): retried as
+# often as the plain k-times-slower rule allowed, a 1 MiB broadcast's slower way cost 7% of
+# the calls' time in the machine's slow state, where its retries ran at 6x the chosen way's
+# time and the chosen way's next call paid for the cache it left (BENCHMARKS.md, "Round 2,
+# session 14").
+RETRY_COST_SHARE = 0.01
 # Where two ways of moving a one-host message are both correct and which is faster depends on
 # the machine (a broadcast streamed through the segment or copied between the processes:
 # fastring.algorithms.choice), each way is timed again once in every this many calls of a size;

@@ -8,12 +8,13 @@ user's own calls and the faster one kept.
 """
 from __future__ import annotations
 
+import math
 import time
 
 import numpy as np
 
 from .. import kernels
-from .._core.config import PATH_TIMING_PERIOD_CALLS, SHM_STORE_WAYS
+from .._core.config import PATH_TIMING_PERIOD_CALLS, RETRY_COST_SHARE, SHM_STORE_WAYS
 from .._core.ops import KERNEL_OP, ReduceOp
 from .._transport import array_address
 
@@ -25,10 +26,10 @@ class TimedChoice:
     its last `kept` times runs, and each way is timed once more in the last calls of every
     `period` calls: a way that became the faster wins at its next timing, one that became
     the slower loses once its last `kept` times are all slow, and only a few calls pay for
-    timing. A way k times slower than the chosen one is timed in one period of every k, so
-    that timing it costs about as much however slow it is (on one machine a way ran 5x slower
-    than the other in some launches, and its timings alone cost a twelfth of the calls'
-    time). Every timed call comes right after an untimed call of the same way: a way's
+    timing. A way slower than the chosen one is warmed and timed in one period of every
+    `retry_every` periods, so that its retries cost at most `share` of the calls' time however
+    slow it is (on one machine a way ran 5x slower than the other in some launches, and its
+    timings alone cost a twelfth of the calls' time). Every timed call comes right after an untimed call of the same way: a way's
     first call after the other way's traffic (or the first of its size) measured up to twice
     its time (its buffers no longer in the cache), which kept the slower way chosen
     (BENCHMARKS.md, "Round 2, session 9"). A timing of the chosen way more than `relearn`
@@ -49,12 +50,17 @@ class TimedChoice:
         ...     if timed:
         ...         c.record(1 << 20, way, {"stream": 3e-4, "copy": 1e-4}[way])
         >>> " ".join(seen)   # * timed, after a call to warm up: each twice, then the faster,
-        ...                  # it again every 8 calls, the 3x slower one every 24
-        's s* c c* s s* c c* c c c c c c c c* c c c c c c c c* c c c c s s* c c*'
+        ...                  # it again every 8 calls, the 3x slower one in one period of
+        ...                  # retry_every(3e-4, 1e-4, 3, 8) = 75 (at most 1% of the time)
+        's s* c c* s s* c c* c c c c c c c c* c c c c c c c c* c c c c c c c c*'
     """
 
     kept = 3  # times kept per way: the lowest of them counts, so one slow call does not flip it
     relearn = 3.0  # the chosen way this many times slower than its lowest kept time, twice: try afresh
+    share = RETRY_COST_SHARE  # the most the slower way's retries may add to the calls' time
+    # what a retry costs, in calls of the slower way over the chosen one's: the call that warms
+    # it, the timed call, and the chosen way's next call, which finds its buffers out of cache
+    retry_calls = 3
 
     def __init__(self, ways: tuple, period: int = PATH_TIMING_PERIOD_CALLS, tries: int = 2):
         if period < 2 * len(ways) or tries < 1:
@@ -84,8 +90,9 @@ class TimedChoice:
         i = phase // 2
         if self.ways[i] != faster:
             times = entry[2]
-            slower = round(min(times[i]) / min(times[self.ways.index(faster)]))
-            if slower > 1 and calls // self.period % slower:
+            every = retry_every(min(times[i]), min(times[self.ways.index(faster)]), self.retry_calls,
+                                self.period, self.share)
+            if every > 1 and calls // self.period % every:
                 return faster, False
         return self.ways[i], phase % 2 == 1
 
@@ -116,6 +123,23 @@ class TimedChoice:
 
     def _afresh(self) -> list:
         return [0, None, [[] for _ in self.ways], False]
+
+
+def retry_every(slower: float, faster: float, calls: float, period: int, share: float = RETRY_COST_SHARE) -> int:
+    """In how many periods of `period` calls a way (or path) that took `slower` seconds a call
+    against the chosen one's `faster` is tried once, where a try costs `calls` of its calls
+    over the chosen way's: as often as keeps its tries within `share` of the calls' time, and
+    at least once a period.
+
+    Example:
+        >>> retry_every(2e-3, 1e-3, 1, 64)   # twice the time, one call a try: one period in 2 (0.8%)
+        2
+        >>> retry_every(6e-3, 1e-3, 3, 64)   # 6x, three calls a try: one period in 24
+        24
+        >>> retry_every(1e-3, 1e-3, 3, 64), retry_every(0.9e-3, 1e-3, 3, 64)
+        (1, 1)
+    """
+    return max(1, math.ceil(calls * (slower - faster) / (share * period * max(faster, 1e-12))))
 
 
 def slowest(rt, seconds: float) -> float:

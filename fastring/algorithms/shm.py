@@ -10,7 +10,7 @@ from .._core.ops import KERNEL_OP
 from .._core.work import Finish
 from .._transport import array_address
 from .base import Message, Reduction
-from .choice import timed_stores
+from .choice import retry_every, timed_stores
 
 
 class SharedMemory:
@@ -103,13 +103,14 @@ class PathTimes:
     processes pins every page it touches), but its tiles wait on each other, and with more
     busy processes than cores it ran up to 10x slower, where single copy's claimed chunks went
     on (BENCHMARKS.md, "Issue 18 (round 2, session 5)"). The calls of a buffer alternate, single
-    copy first, until each path has been timed twice, then the faster runs, the other again
-    every `retry` calls, or every k * `retry` calls where it is k times slower: a first call
-    pays for what it touches first (the segment's pages, a peer preempted), and one slow first
-    time must not send a buffer to the slower path for `retry` calls; and in the machine's
-    slow state the pipeline took 4x single copy's time at 5-16 MiB, so retrying it every
-    `retry` calls cost 7% of the calls' time (BENCHMARKS.md, "Round 2, session 13"). Only
-    rank 0's preference counts (the segment publishes it), so the ranks always agree.
+    copy first, until each path has been timed twice, then the faster runs, the other once in
+    every `retry` calls, or once in so many times `retry` calls that its tries cost at most
+    RETRY_COST_SHARE of the calls' time (`choice.retry_every`): a first call pays for what it
+    touches first (the segment's pages, a peer preempted), and one slow first time must not
+    send a buffer to the slower path for `retry` calls; and in the machine's slow state the
+    pipeline took 4x single copy's time at 5-16 MiB, so retrying it every `retry` calls cost
+    7% of the calls' time (BENCHMARKS.md, "Round 2, session 13"). Only rank 0's preference
+    counts (the segment publishes it), so the ranks always agree.
 
     Example:
         >>> p = PathTimes(retry=4); key = (0x1000, 16 << 20)
@@ -121,14 +122,19 @@ class PathTimes:
         False
         >>> p.record(key, True, 2e-3); p.prefer_buffers(key)    # the pipeline's second chance
         True
-        >>> p.record(key, False, 1.5e-3); [p.prefer_buffers(key) for _ in range(4)]
-        [True, True, True, False]
-        >>> p.record(key, False, 0.5e-3); [p.prefer_buffers(key) for _ in range(16)].index(False)
-        11
+        >>> p.record(key, False, 1.5e-3)   # the pipeline faster: single copy once in
+        >>> [p.prefer_buffers(key) for _ in range(136)].count(False)   # 4 * retry_every(...) = 68
+        2
+        >>> p.record(key, False, 0.5e-3)   # 4x faster: single copy once in 4 * 150 calls
+        >>> [p.prefer_buffers(key) for _ in range(1200)].count(False)
+        2
     """
 
     most = 256  # buffers remembered; past that the table starts over
     kept = 3    # times kept per path: the fastest of them counts, so one slow call does not flip
+    # what a try of the slower path costs, in its calls over the faster's: the call, and the
+    # next one's, which finds its buffers out of cache
+    retry_calls = 2
 
     def __init__(self, retry: int = SHM_ALLREDUCE_RETRY_CALLS):
         self.retry = retry
@@ -142,8 +148,8 @@ class PathTimes:
             return len(t[1]) < len(t[0])  # alternating, single copy first
         t[2] += 1
         single, buffers = min(t[0]), min(t[1])
-        slower = max(1, round(max(single, buffers) / max(min(single, buffers), 1e-9)))
-        return (buffers < single) != (t[2] % (self.retry * slower) == 0)
+        every = retry_every(max(single, buffers), min(single, buffers), self.retry_calls, self.retry)
+        return (buffers < single) != (t[2] % (self.retry * every) == 0)
 
     def record(self, key: tuple[int, int], single_copy: bool, seconds: float) -> None:
         t = self.times.get(key)
