@@ -32,6 +32,7 @@ from ..algorithms.adasum import ADASUM_DTYPES, adasum_allreduce as _adasum
 from ..algorithms.collectives import (allgather_concat, allgather_rows, alltoall_rows, byte_offsets, gather_counts,
                                       reduce_scatter_rows, row_bytes)
 from ..engine import Handle, Request
+from ..engine.engine import arrived
 from .process_sets import runtime_of, set_rank
 from .validation import check_op_for_dtype, entry, factor, request_name
 
@@ -583,7 +584,7 @@ def barrier(process_set=None) -> None:
     """
     rt = runtime_of(process_set)
     name = request_name(rt, "barrier", None)
-    _run(*_parts(rt, "barrier", name, (), 0, lambda r: r.transport.barrier()))
+    _run(*_parts(rt, "barrier", name, (), 0, arrived))
 
 
 def _serialize(obj) -> tuple[np.ndarray, int]:

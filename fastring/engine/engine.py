@@ -704,9 +704,19 @@ class Engine:
             def execute(rt):
                 broadcast_bytes(rt, np.empty(f["shape"], spec.dtype), f["root_rank"])
         else:  # barrier: _refused_while_joined let nothing else through
-            def execute(rt):
-                rt.transport.barrier()
+            execute = arrived
         return Request(kind, name, fields, 0, Handle(self, name), execute=execute)
+
+
+def arrived(rt) -> None:
+    """What a barrier runs once the ranks agree on it: nothing. A collective runs only after a
+    negotiation cycle in which every rank proposed it (or, a joined rank, stood in for it), and
+    a cycle ends on a rank only once every rank has entered it: every rank has called the
+    barrier by then. A barrier of the transport after it only cost a second round trip.
+
+    Example:
+        >>> arrived(None)
+    """
 
 
 # What a joined rank can take part in without data of its own (see Engine._zeros_request).
