@@ -145,6 +145,13 @@ SHM_STREAM_BROADCAST_MAX_BYTES = 16 << 20
 # (non-temporal) stores: at this size the output no longer stays in the cache anyway, and a
 # plain store reads each line before writing it.
 SHM_STREAMING_STORE_BYTES = 16 << 20
+# A negotiation cycle's payload (a small allreduce riding it) of this many bytes and more goes
+# into the rank's cycle slot with streaming stores, so that the other ranks read it from
+# memory, not out of this core's cache: in the machine's slow state, where a hand-over of
+# freshly written lines between the cores is 3-10x slower, a 64 KiB one-step allreduce took
+# 15 us so against 38 with plain stores; where the cores share their cache, 3-10% more
+# (BENCHMARKS.md, "Round 2, session 14").
+SHM_CYCLE_STREAMING_BYTES = 16 * 1024
 # allgather and alltoall whose output on a rank is at most this many bytes stream through the
 # ranks' rings as broadcasts do (every rank writes a piece into its ring and copies the others'
 # pieces out while they are still in the cache); larger ones go by single copy or in rounds.

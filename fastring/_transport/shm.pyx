@@ -73,7 +73,8 @@ from .broadcast cimport learn_root_share, root_part, root_share_of, vm_copy
 from .cycle cimport HASH, HEADER_WORDS, PAYLOAD_BYTES, block_bytes, combine_blocks, lone_payload, lone_result
 from .mpi cimport Link, TransportBase, back_off, now, reduce_fn_t
 
-from .._core.config import (MPI_SEGMENT_PREFIX, SHM_ACTIVE_SPIN_SECONDS, SHM_ALLREDUCE_SINGLE_COPY_BYTES, SHM_HOT_SPIN_SECONDS,
+from .._core.config import (MPI_SEGMENT_PREFIX, SHM_ACTIVE_SPIN_SECONDS, SHM_ALLREDUCE_SINGLE_COPY_BYTES,
+                            SHM_CYCLE_STREAMING_BYTES, SHM_HOT_SPIN_SECONDS,
                             SHM_PIECES_ROUND_BYTES, SHM_PIECES_SINGLE_COPY_BYTES, SHM_PIPELINE_TILE_BYTES, SHM_REDUCESCATTER_ROUND_BYTES,
                             SHM_SINGLE_COPY_BYTES,
                             SHM_SINGLE_COPY_CHUNK_BYTES, SHM_STREAM_EXCHANGE_LEAD_PIECES, SHM_STREAM_EXCHANGE_MAX_BYTES,
@@ -391,6 +392,7 @@ cdef class SharedSegment:
     # lower them, on every rank alike, to run small messages that way.
     cdef public int64_t single_copy_bytes, allreduce_single_copy_bytes, pieces_single_copy_bytes
     cdef public int64_t streaming_bytes  # outputs from this size are written with streaming stores
+    cdef public int64_t cycle_streaming_bytes  # cycle payloads from this size go into the slot so too
     # allgather_rows and alltoall_rows stream when each rank's output is at most this many bytes
     # (SHM_STREAM_EXCHANGE_MAX_BYTES); tests change it, on every rank alike
     cdef public int64_t stream_exchange_bytes
@@ -469,6 +471,7 @@ cdef class SharedSegment:
         s.chunk = _align(SHM_SINGLE_COPY_CHUNK_BYTES, PAGE)
         s.single_copy_bytes = SHM_SINGLE_COPY_BYTES
         s.streaming_bytes = SHM_STREAMING_STORE_BYTES
+        s.cycle_streaming_bytes = SHM_CYCLE_STREAMING_BYTES
         s.stream_exchange_bytes = SHM_STREAM_EXCHANGE_MAX_BYTES
         s.reduce_scatter_round_bytes = SHM_REDUCESCATTER_ROUND_BYTES
         s.pipeline_tile = SHM_PIPELINE_TILE_BYTES
@@ -1826,13 +1829,11 @@ cdef class SharedSegment:
         cdef int64_t payload = block_bytes(words, <char*> block) - words * 8
         cdef char* slot = self._cycle_slot(self.rank, round_)
         cdef char* into
+        cdef bint streaming = payload >= self.cycle_streaming_bytes
         try:
             with nogil:
-                if src == NULL:
-                    fr_copy(slot, <char*> block, words * 8 + payload)
-                else:
-                    fr_copy(slot, <char*> block, words * 8)
-                    fr_copy(slot + words * 8, src, payload)
+                fr_copy(slot, <char*> block, words * 8)
+                fr_copy_as(slot + words * 8, <char*> block + words * 8 if src == NULL else src, payload, streaming)
                 self._arrive(_CYCLE_SPIN, stall_seconds if hook != NULL else 0, hook)
                 # The payloads are reduced only where every rank proposed the same request:
                 # a rank that proposed another (or none) may not hold their reduction at all.

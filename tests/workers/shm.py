@@ -34,7 +34,7 @@ import numpy as np
 
 import _common as c
 import fastring
-from fastring._core.config import (SHM_ONE_STEP_BYTES, SHM_PIECES_ROUND_BYTES, SHM_PIPELINE_TILE_BYTES,
+from fastring._core.config import (SHM_CYCLE_STREAMING_BYTES, SHM_ONE_STEP_BYTES, SHM_PIECES_ROUND_BYTES, SHM_PIPELINE_TILE_BYTES,
                                    SHM_SINGLE_COPY_CHUNK_BYTES, SHM_STREAM_EXCHANGE_MAX_BYTES,
                                    SHM_STREAM_LARGE_PIECE_BYTES, SHM_STREAM_PIECE_BYTES, SHM_STREAMING_STORE_BYTES,
                                    SHM_STORE_WAYS, SHM_TILE_BYTES, SHM_TIMED_CHOICE_MIN_BYTES)
@@ -165,7 +165,19 @@ def lone_cycles(cycles, tag):
     c.check_close(f"lone {tag} after the refused calls", dst, expected, 0)
 
 
-lone_cycles(rt.shm, "segment")
+# The payloads go into the slots with streaming stores from cycle_streaming_bytes: every one so,
+# then none; and the general path's cycles, whose payloads lie in the block, streamed too.
+c.CHECKS.check(rt.shm.cycle_streaming_bytes == SHM_CYCLE_STREAMING_BYTES, "cycle_streaming_bytes")
+for streamed_from in (1, 1 << 40):
+    rt.shm.cycle_streaming_bytes = streamed_from
+    lone_cycles(rt.shm, f"segment, payloads streamed from {streamed_from} bytes")
+rt.shm.cycle_streaming_bytes = 1
+riding = [fastring.allreduce_async(np.arange(1000, dtype=np.int32) * (R + 1), op=fastring.Sum, name=f"riding {k}")
+          for k in range(3)]
+for k, h in enumerate(riding):
+    c.check_close(f"a queued allreduce riding the cycle, streamed, {k}", h.wait(),
+                  np.arange(1000, dtype=np.int32) * (N * (N + 1) // 2), 0)
+rt.shm.cycle_streaming_bytes = SHM_CYCLE_STREAMING_BYTES
 
 
 def dtypes_and_ops(dtypes, lengths, tag):
