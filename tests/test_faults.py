@@ -144,6 +144,26 @@ def test_a_stopped_rank_is_an_error_on_time(tmp_path, n, case, during):
 
 
 @pytest.mark.parametrize("n", [2, 3])
+def test_a_rank_interrupted_in_a_lean_transfer_breaks_off_on_every_rank(tmp_path, n):
+    """A KeyboardInterrupt on rank V between the lean path's agreed cycle and its transfer:
+    V's next allreduce fails at once (its engine gave up, rather than pairing its next cycle
+    with the others' wait in the transfer), and the others' allreduce fails on time, having
+    heard that V gave up."""
+    job = Job(tmp_path, n, "interrupt_transfer", SHUTDOWN)
+    v = n - 1
+    try:
+        rc, out = job.finish()
+        assert f"rank {v}: interrupted" in out, out
+        got = errors_in_time(out, SHUTDOWN + 2)
+        assert sorted(r for r, _, _ in got) == list(range(n)), out
+        assert any(r == v and "cannot run collectives after: KeyboardInterrupt" in m for r, _, m in got), out
+        assert all(f"rank {v} abandoned its collectives" in m for r, _, m in got if r != v), out
+        assert survivors(job.mark) == ""
+    finally:
+        job.close()
+
+
+@pytest.mark.parametrize("n", [2, 3])
 def test_a_rank_late_for_a_large_transfer_is_an_error_on_time(tmp_path, n):
     """The large-transfer variant of test_reliability's late rank: the others fail in time
     and tell the late rank, which fails too; everyone exits."""

@@ -125,7 +125,7 @@ class Engine:
     def submit(self, request: Request, background: bool = True) -> Handle:
         """Queue `request` for the next cycles; returns its handle."""
         if self._broken is not None:
-            raise FastringError(f"fastring cannot run collectives after: {self._broken}")
+            raise FastringError(f"fastring cannot run collectives after: {described(self._broken)}")
         # (its signature hash is taken when a cycle proposes it: most queued requests never are)
         request.submitted = now = time.monotonic()
         request.next_report = now + self._first_report
@@ -208,7 +208,8 @@ class Engine:
                 if small:
                     if op == ReduceOp.Average and self.rt.size > 1:
                         self._average_finish(op)(result.reshape(-1))
-                else:
+                    return result
+                try:
                     divide = self._average_finish(op)
                     flat = result.reshape(-1)
                     algorithm = algorithms.choose("allreduce", arr.nbytes, spec, rt=self.rt,
@@ -216,6 +217,9 @@ class Engine:
                     self._executor.running = (f"allreduce ({algorithm.name})", [name])  # for a stall's message
                     algorithm.run(self.rt, algorithms.Reduction(flat, spec, op, divide,
                                                                 src=None if result is arr else arr.reshape(-1)))
+                except BaseException as e:  # noqa: BLE001 - see _interrupted
+                    self._interrupted(e)
+                    raise
                 return result
         finally:
             self._cycle_lock.release()
@@ -268,10 +272,23 @@ class Engine:
                 raise
             if req is None:
                 self._executor.running = (kind, [name])  # for a stall's message
-                return (run(name, summed),)
+                try:
+                    return (run(name, summed),)
+                except BaseException as e:  # noqa: BLE001 - see _interrupted
+                    self._interrupted(e)
+                    raise
         finally:
             self._cycle_lock.release()
         return (self._wait_queued(req),)
+
+    def _interrupted(self, error: BaseException) -> None:
+        """A lean call's data phase raised `error`. An Exception is the caller's alone, as in
+        execution (every rank raises it alike, or the transport has failed the others too);
+        anything else (a KeyboardInterrupt part-way, SystemExit) may leave the other ranks
+        waiting in the data phase, and this rank's next cycle would pair with their wait:
+        abandon, as `run` does for the general path."""
+        if not isinstance(error, Exception):
+            self._abandon(error)
 
     def _lone_signature(self, name: str, fields: tuple, op: ReduceOp, dtype: np.dtype) -> tuple:
         """(the request's hash, the reducer of its payload: `op` over `dtype`) of a lean call,
@@ -466,7 +483,7 @@ class Engine:
             if self.rt.size > 1:  # at exit, MPI_Finalize must not wait forever for a stopped rank
                 wait = self.config.stall_shutdown_time + FINALIZE_WAIT_SECONDS
                 atexit.register(exit_unless_gone_within, wait,
-                                f"fastring: rank {self.rt.rank} gave up its collectives ({error})")
+                                f"fastring: rank {self.rt.rank} gave up its collectives ({described(error)})")
 
     def _fail_all(self, error: BaseException, broken: bool = True) -> None:
         if broken:
@@ -474,7 +491,7 @@ class Engine:
         with self._queue_lock:
             pending, self._pending = list(self._pending.values()), {}
         for r in pending:
-            r.handle._finish(error=error if isinstance(error, FastringError) else FastringError(str(error)))
+            r.handle._finish(error=error if isinstance(error, FastringError) else FastringError(described(error)))
 
     # ----------------------------------------------------------------- one cycle
     def _cycle(self) -> None:
@@ -706,6 +723,16 @@ class Engine:
         else:  # barrier: _refused_while_joined let nothing else through
             execute = arrived
         return Request(kind, name, fields, 0, Handle(self, name), execute=execute)
+
+
+def described(error: BaseException) -> str:
+    """`error`'s message, or its type's name where it has none (a KeyboardInterrupt).
+
+    Example:
+        >>> described(KeyboardInterrupt()), described(ValueError("bad"))
+        ('KeyboardInterrupt', 'bad')
+    """
+    return str(error) or type(error).__name__
 
 
 def arrived(rt) -> None:

@@ -283,9 +283,9 @@ class Negotiation:
         if comm.Iprobe(MPI.ANY_SOURCE, ABANDON_TAG, status) or comm.Iprobe(MPI.ANY_SOURCE, ABANDON_TAG, status):
             source = status.Get_source()
             comm.Recv(np.empty(1, np.int64), source, ABANDON_TAG)
-            raise FastringError(f"rank {source} abandoned its collectives after a stall "
-                                f"(FASTRING_STALL_SHUTDOWN_TIME={self.stall_reporter.shutdown_after:g}); "
-                                "nothing more can run with it")
+            raise FastringError(f"rank {source} abandoned its collectives (a stall past "
+                                f"FASTRING_STALL_SHUTDOWN_TIME={self.stall_reporter.shutdown_after:g}, or an "
+                                "error or interrupt part-way through one); nothing more can run with it")
 
     def remember(self, name: str, fields: tuple) -> None:
         """Cache an agreed (name, fields); called in the same order on every rank."""

@@ -13,6 +13,10 @@ stop_transfer, kill_transfer: the ranks loop over 64 MiB allreduces; after the s
     thread of V stops (SIGSTOP) or kills (SIGKILL) its own process, almost surely while the
     bytes move (the loop is nearly all transfer).
 late_transfer: V arrives 6 s late at a 64 MiB allreduce.
+interrupt_transfer: the ranks loop over 64 MiB allreduces (the lean path's); in the third, V's
+    data phase raises KeyboardInterrupt before it moves a byte (as a Ctrl-C between the agreed
+    cycle and the transfer would), V prints `rank V: interrupted` and calls the next
+    allreduce, which must fail at once instead of pairing with the others' wait.
 join_cpu: rank 0 joins while the others are busy (asleep) for 5 s; rank 0 prints the CPU time
     (utime + stime) its process used over those 5 s as `join cpu: F` (F: fraction of a core)
     and how often its threads slept and woke in them (`wakeups: W`, voluntary switches).
@@ -122,6 +126,24 @@ try:
             if i == 1:
                 second.set()
         c.fail("a million allgathers completed although a rank stopped")
+    elif case == "interrupt_transfer":
+        if R == V:
+            from fastring.algorithms import shm as shm_algorithm
+            calls, real_run = [], shm_algorithm.SharedMemory.run
+
+            def interrupted_third(rt, r):
+                calls.append(1)
+                if len(calls) == 3:
+                    raise KeyboardInterrupt
+                real_run(rt, r)
+            shm_algorithm.SharedMemory.run = staticmethod(interrupted_third)
+        for i in range(5):
+            began = time.monotonic()
+            try:
+                fastring.allreduce(big, out=big, op=fastring.Max, name=f"big.{i}")
+            except KeyboardInterrupt:
+                print(f"rank {R}: interrupted", flush=True)
+        c.fail("5 allreduces completed although a rank was interrupted in one")
     elif case == "late_transfer":
         if R == V:
             time.sleep(6)  # the lateness itself is what is tested
