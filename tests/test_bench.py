@@ -324,9 +324,15 @@ def test_one_host_scripts(tmp_path):
     summary = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_shm.py"), "--summarize",
                               str(rows_json), str(rows_json)], capture_output=True, text=True, check=True).stdout
     assert f"CPU: {bench.cpu_model()}" in summary and "| allreduce | 4 KiB | no |" in summary
-    ways = [line for line in run_script(ROOT / "scripts" / "bench_ways.py", "--sizes", "128K").stdout.splitlines()
-            if not line.startswith("#")]
-    assert [line.split()[0] for line in ways] == ["broadcast", "allgather", "alltoall", "reducescatter", "allreduce"]
-    assert all(" stream " in line and " single copy " in line and " MPI " in line for line in ways[:3])
-    assert [" direct " in line for line in ways[:3]] == [False, True, True]  # results in the area
-    assert all(" cached " in line and " streaming " in line and " MPI " in line for line in ways[3:])
+    lines = [line for line in run_script(ROOT / "scripts" / "bench_ways.py", "--sizes", "64K,128K").stdout.splitlines()
+             if not line.startswith("#")]
+    barrier, small, large = lines[0], lines[1:6], lines[6:]
+    assert barrier.split()[0] == "barrier" and " fastring " in barrier and " MPI " in barrier
+    for ways in (small, large):
+        assert [line.split()[0] for line in ways] == ["broadcast", "allgather", "alltoall", "reducescatter", "allreduce"]
+        assert all(" stream " in line and " single copy " in line and " MPI " in line for line in ways[:3])
+        assert [" direct " in line for line in ways[:3]] == [False, True, True]  # results in the area
+        assert " cached " in ways[3] and " streaming " in ways[3] and " MPI " in ways[3]
+    # 64 KiB rides the negotiation cycle: its payload's stores; 128 KiB the segment's stores
+    assert " plain cycle " in small[4] and " streaming cycle " in small[4] and " MPI " in small[4]
+    assert " cached " in large[4] and " streaming " in large[4] and " MPI " in large[4]

@@ -148,9 +148,10 @@ SHM_STREAMING_STORE_BYTES = 16 << 20
 # A negotiation cycle's payload (a small allreduce riding it) of this many bytes and more goes
 # into the rank's cycle slot with streaming stores, so that the other ranks read it from
 # memory, not out of this core's cache: in the machine's slow state, where a hand-over of
-# freshly written lines between the cores is 3-10x slower, a 64 KiB one-step allreduce took
-# 15 us so against 38 with plain stores; where the cores share their cache, 3-10% more
-# (BENCHMARKS.md, "Round 2, session 14").
+# freshly written lines between the cores is 3-10x slower, a 64 KiB allreduce riding the
+# cycle took 18 us so against 40 with plain stores; in the fast state 8-20% more (64 KiB 15.2
+# against 14.1 us, 16 KiB 6.4-6.6 against 5.5-5.8: still 1.4-1.9x MPI); at 4 and 8 KiB the
+# fast state's loss made it slower than MPI (BENCHMARKS.md, "Round 2, session 14").
 SHM_CYCLE_STREAMING_BYTES = 16 * 1024
 # allgather and alltoall whose output on a rank is at most this many bytes stream through the
 # ranks' rings as broadcasts do (every rank writes a piece into its ring and copies the others'
@@ -165,12 +166,11 @@ SHM_STREAM_EXCHANGE_LEAD_PIECES = 2
 # other is tried again in one of every so many SHM_ALLREDUCE_RETRY_CALLS calls that retrying it
 # costs at most RETRY_COST_SHARE of the calls' time.
 SHM_ALLREDUCE_RETRY_CALLS = 64
-# A way (or path) slower than the chosen one is tried again only so often that its retries add
-# at most this share to the calls' time (fastring.algorithms.choice.retry_every): retried as
-# often as the plain k-times-slower rule allowed, a 1 MiB broadcast's slower way cost 7% of
-# the calls' time in the machine's slow state, where its retries ran at 6x the chosen way's
-# time and the chosen way's next call paid for the cache it left (BENCHMARKS.md, "Round 2,
-# session 14").
+# A TimedChoice way or PathTimes path slower than the chosen one is tried again only so often
+# that its tries, as their kept times price them, add at most this share to the calls' time
+# (fastring.algorithms.choice.retry_every). Retried every k periods where k times slower, a
+# 1 MiB broadcast's stream in the machine's slow state ran at 6-8x single copy's time in its
+# tries and the single-copy call after each at 1.7x (BENCHMARKS.md, "Round 2, session 14").
 RETRY_COST_SHARE = 0.01
 # Where two ways of moving a one-host message are both correct and which is faster depends on
 # the machine (a broadcast streamed through the segment or copied between the processes:

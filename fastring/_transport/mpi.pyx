@@ -326,14 +326,6 @@ cdef class TransportBase:
             sendrecv(&self.link, <char*> send_addr, send_nbytes, dest,
                      <char*> recv_addr, recv_nbytes, source, tag)
 
-    def barrier(self):
-        """Block until every rank of the communicator has called it (GIL released; waits
-        through the stall hook, see `set_stall`)."""
-        cdef MPI_Request req
-        with nogil:
-            check(mpi.MPI_Ibarrier(self.comm, &req))
-            wait(&self.link, &req, 1, NULL, NULL, NULL, 0, 0)
-
     def mpi_allreduce(self, uintptr_t send_addr, uintptr_t recv_addr, MPI_Count count,
                       int dtype_code, int op_code):
         """The MPI library's own allreduce (nonblocking, so that it waits through the stall

@@ -574,8 +574,8 @@ def adasum_allreduce(tensor, *, name: str | None = None, process_set=None):
 
 # ----------------------------------------------------------------- barrier and objects
 def barrier(process_set=None) -> None:
-    """Return only once every rank has called barrier (after the collectives each submitted
-    before it have been negotiated).
+    """Return only once every rank (of `process_set`) has called barrier; a rank that has
+    joined (`fastring.join`) stands in for it, as in any collective.
 
     Example:
         >>> import fastring

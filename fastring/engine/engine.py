@@ -283,10 +283,12 @@ class Engine:
 
     def _interrupted(self, error: BaseException) -> None:
         """A lean call's data phase raised `error`. An Exception is the caller's alone, as in
-        execution (every rank raises it alike, or the transport has failed the others too);
-        anything else (a KeyboardInterrupt part-way, SystemExit) may leave the other ranks
-        waiting in the data phase, and this rank's next cycle would pair with their wait:
-        abandon, as `run` does for the general path."""
+        execution (which hands it to the call's handle): raised alike on every rank, or by a
+        transport or segment that has failed the others' wait too; where one rank alone
+        raised it part-way (a MemoryError), the others' wait ends as a stall does. Anything
+        else (a KeyboardInterrupt, SystemExit) may leave the others waiting in the data
+        phase, and this rank's next cycle would pair with their wait: abandon, as `run` does
+        for the general path."""
         if not isinstance(error, Exception):
             self._abandon(error)
 
@@ -737,9 +739,10 @@ def described(error: BaseException) -> str:
 
 def arrived(rt) -> None:
     """What a barrier runs once the ranks agree on it: nothing. A collective runs only after a
-    negotiation cycle in which every rank proposed it (or, a joined rank, stood in for it), and
-    a cycle ends on a rank only once every rank has entered it: every rank has called the
-    barrier by then. A barrier of the transport after it only cost a second round trip.
+    negotiation cycle in which every rank proposed it (a joined rank stands in for it), and a
+    cycle ends on a rank only once every rank has entered it: every rank that has not joined
+    has called the barrier by then. A barrier of the transport after it only cost a second
+    round trip.
 
     Example:
         >>> arrived(None)

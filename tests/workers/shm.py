@@ -163,6 +163,16 @@ def lone_cycles(cycles, tag):
     dst[:] = -7
     c.CHECKS.check(run(77, dst)[1], f"lone {tag}: the ranks fell out of step after the refused calls")
     c.check_close(f"lone {tag} after the refused calls", dst, expected, 0)
+    # the general path's cycle (`cycle_exchange`): the header's hash and payload size, then the
+    # payload (other values than any cycle's before, which the slots may still hold), lie in
+    # the block, and the sum comes back there
+    block[:] = 0
+    block[1], block[2] = 55, src.nbytes
+    payload = block[CYCLE_HEADER_WORDS + 2 * words:].view(np.int32)
+    payload[:count] = src + 7
+    outcome = cycles.cycle_exchange(array_address(block), words, capacity, array_address(tmp), fn, 4, 0.0, None)
+    c.CHECKS.check(tuple(outcome) == (0, 55, False, False), f"cycle {tag}: {outcome}")
+    c.check_close(f"cycle {tag}: the block's payload", payload[:count], expected + 7 * N, 0)
 
 
 # The payloads go into the slots with streaming stores from cycle_streaming_bytes: every one so,
