@@ -5,6 +5,7 @@ second rank.
 usage: collectives.py numpy|torch"""
 import logging
 import os
+import shutil
 import sys
 import tempfile
 import threading
@@ -275,7 +276,8 @@ for kind, k, h in reversed(pending):
 
 # --------------------------------------------------------------------------- barrier
 # The last rank writes a file only after a pause; nobody may pass the barrier before it.
-marker = os.path.join(c.COMM.bcast(tempfile.mkdtemp() if R == 0 else None), "reached")
+markers = c.COMM.bcast(tempfile.mkdtemp() if R == 0 else None)
+marker = os.path.join(markers, "reached")
 for k in range(2):
     if R == N - 1:
         time.sleep(0.2)
@@ -283,6 +285,9 @@ for k in range(2):
     fastring.barrier()
     if not os.path.exists(f"{marker}{k}"):
         c.fail(f"barrier {k} returned before rank {N - 1} reached it")
+c.COMM.Barrier()  # every rank has looked: the markers can go
+if R == 0:
+    shutil.rmtree(markers)
 
 # A synchronous call whose result is None (a barrier, an object that is None) runs once, on the
 # lean path and where the ranks' cycles disagree: rank 0 reaches the barrier with a broadcast
