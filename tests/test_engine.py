@@ -1,5 +1,6 @@
 """The async engine: negotiation, mismatch errors, duplicate names, poll, fusion, timeline,
 stall inspector (short times set through the environment)."""
+import os
 import re
 
 import numpy as np
@@ -181,3 +182,32 @@ def test_cache_bits_land_in_their_words_and_read_back_in_order():
         assert set_bits(np.zeros(2, np.uint64)) == []
     finally:
         neg.clear_bits(words)
+
+
+def test_automatic_names_hash_apart_alike_on_every_process():
+    """An automatic name's hash (its prefix and fields digested once, XOR its number): distinct
+    numbers, prefixes and fields give distinct hashes; equal fields built anew give the same;
+    another process (another PYTHONHASHSEED) gets the same; names that only look automatic
+    (a padded or non-ASCII number) are digested whole, so they do not alias a real one."""
+    import subprocess
+    import sys
+
+    from fastring._core.runtime import runtime
+    from fastring.engine.negotiation import SPECULATION_FAILED
+
+    fastring.init()
+    neg = runtime().engine._neg
+    fields = (("collective", "allreduce"), ("shape", (3,)))
+    hashes = [neg.signature_hash(f"allreduce.noname.{i}", fields) for i in range(2000)]
+    assert len(set(hashes)) == 2000 and not {0, SPECULATION_FAILED} & set(hashes)
+    assert neg.signature_hash("allreduce.noname.7", (("collective", "allreduce"), ("shape", (3,)))) == hashes[7]
+    others = [neg.signature_hash("allgather.noname.7", fields), neg.signature_hash("allreduce.noname.7", fields[:1]),
+              neg.signature_hash("allreduce.noname.07", fields), neg.signature_hash("allreduce.noname.\u0667", fields),
+              neg.signature_hash("allreduce.noname.7a", fields), neg.signature_hash("allreduce.7", fields)]
+    assert len(set(others)) == len(others) and not set(others) & set(hashes)
+    code = ("import fastring; from fastring._core.runtime import runtime; fastring.init(); "
+            "print(runtime().engine._neg.signature_hash('allreduce.noname.7', "
+            "(('collective', 'allreduce'), ('shape', (3,)))))")
+    elsewhere = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                               env={**os.environ, "PYTHONHASHSEED": "12345"}, check=True)
+    assert int(elsewhere.stdout.split()[-1]) == hashes[7]

@@ -42,6 +42,16 @@ NO_PAYLOAD = (0, 1)  # (reduction cfunc, item size) of a cycle that carries no p
 ABANDON_TAG = int(Tag.ABANDON_NOTICE)
 
 
+def _kept(shortcuts: dict, key, value) -> dict:
+    """`shortcuts` with key -> value added, or a fresh dict of that alone when it holds
+    FIELD_DIGESTS_KEPT already: fields hold every tensor's shape, and varying shapes must not
+    pile up."""
+    if len(shortcuts) >= FIELD_DIGESTS_KEPT:
+        shortcuts = {}
+    shortcuts[key] = value
+    return shortcuts
+
+
 def describe_mismatch(name: str, by_rank: dict[int, tuple]) -> str:
     """The error every rank raises when the ranks' fields for `name` differ: each field that
     differs, with the ranks that hold each value.
@@ -123,6 +133,7 @@ class Negotiation:
         self.cache: dict[str, tuple[int, tuple]] = {}   # name -> (bit, fields)
         self._cache_names: list[str] = []
         self._field_digests: dict[tuple, bytes] = {}
+        self._automatic_digests: dict[str, tuple] = {}  # name's prefix -> (last fields, digest)
         self._hashes: dict[str, tuple[tuple, int]] = {}  # name -> (fields, hash)
         self._reducers: dict[tuple, tuple[int, int]] = {}
         self._bits_dirty = True  # bit words in the cycle block may be nonzero
@@ -140,18 +151,31 @@ class Negotiation:
         known = self._hashes.get(name)
         if known is not None and known[0] == fields:
             return known[1]
+        prefix, _, number = name.rpartition(".noname.")
+        if prefix and number.isascii() and number.isdigit() and (number == "0" or number[0] != "0"):
+            # An automatic name (Engine.auto_name) is never seen twice: its hash is the digest
+            # of its prefix and fields, computed once, XOR its number (one number in its
+            # shortest form per name, distinct numbers, distinct hashes), which spares a digest
+            # per call (a microsecond of every unnamed call and barrier).
+            known = self._automatic_digests.get(prefix)
+            if known is not None and (known[0] is fields or known[0] == fields):
+                base = known[1]
+            else:
+                base = self._digest(prefix, fields)
+                self._automatic_digests = _kept(self._automatic_digests, prefix, (fields, base))
+            return (base ^ int(number)) % (SPECULATION_FAILED - 1) + 1
+        h = self._digest(name, fields) % (SPECULATION_FAILED - 1) + 1
+        if len(self._hashes) < CACHE_CAPACITY:
+            self._hashes[name] = (fields, h)
+        return h
+
+    def _digest(self, name: str, fields: tuple) -> int:
+        """A 64-bit digest of (name, fields), keyed by a digest of the fields kept per fields."""
         fields_digest = self._field_digests.get(fields)
         if fields_digest is None:
             fields_digest = hashlib.blake2b(repr(fields).encode(), digest_size=16).digest()
-            if len(self._field_digests) >= FIELD_DIGESTS_KEPT:
-                # fields hold every tensor's shape: varying shapes must not pile up
-                self._field_digests.clear()
-            self._field_digests[fields] = fields_digest
-        digest = hashlib.blake2b(name.encode(), digest_size=8, key=fields_digest).digest()
-        h = int.from_bytes(digest, "little") % (SPECULATION_FAILED - 1) + 1
-        if ".noname." not in name and len(self._hashes) < CACHE_CAPACITY:
-            self._hashes[name] = (fields, h)
-        return h
+            self._field_digests = _kept(self._field_digests, fields, fields_digest)
+        return int.from_bytes(hashlib.blake2b(name.encode(), digest_size=8, key=fields_digest).digest(), "little")
 
     def _size_block(self) -> None:
         """Set `words` from the cache's size, and grow the block to hold them and a payload
