@@ -241,10 +241,11 @@ def test_own_counts_are_kept_apart_by_kind():
     rt = SimpleNamespace(size=3, rank=1)
     gathered = api._own_counts(rt, 5)
     split = api._own_counts(rt, api._equal_rows(5, 3))
-    assert gathered.shape == (3,) and gathered.tolist() == [0, 5, 0]
-    assert split.shape == (3, 3) and split.tolist() == [[0, 0, 0], [5, 5, 5], [0, 0, 0]]
+    assert gathered[1:] == split[1:] == (api.ReduceOp.Sum, None)  # summed, into a new array
+    assert gathered[0].shape == (3,) and gathered[0].tolist() == [0, 5, 0]
+    assert split[0].shape == (3, 3) and split[0].tolist() == [[0, 0, 0], [5, 5, 5], [0, 0, 0]]
     assert api._own_counts(rt, 5) is gathered and api._own_counts(rt, api._equal_rows(5, 3)) is split
     given = np.array([1, 2, 3], np.int64)
-    first = api._own_counts(rt, given)
-    assert first.tolist() == [[0, 0, 0], [1, 2, 3], [0, 0, 0]] and api._own_counts(rt, given) is not first
-    assert not gathered.flags.writeable and not split.flags.writeable
+    first = api._own_counts(rt, given)[0]
+    assert first.tolist() == [[0, 0, 0], [1, 2, 3], [0, 0, 0]] and api._own_counts(rt, given)[0] is not first
+    assert not gathered[0].flags.writeable and not split[0].flags.writeable

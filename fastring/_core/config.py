@@ -11,6 +11,18 @@ LOG_LEVELS = ("warning", "info", "debug")
 # synchronous allreduce this small travels inside its own negotiation cycle: below it MPI's
 # allreduce and the cycle are faster than the ring (BENCHMARKS.md, allreduce tables).
 SMALL_MESSAGE_BYTES = 64 * 1024
+# A synchronous broadcast or reducescatter (its whole input) this small rides its negotiation
+# cycle too (the root's bytes summed with the others' zeros, the whole input reduced), so that
+# it costs one cycle instead of a cycle and a data phase: np=2, a 64 B broadcast 4.9 against
+# 7.0 us, 16 KiB 9.6 against 11.3; at 32-64 KiB the data phase was the faster (BENCHMARKS.md,
+# "Round 2, session 15").
+CYCLE_COLLECTIVE_MAX_BYTES = 16 * 1024
+# A synchronous allgather's cycle, which carries every rank's row count, also has room for
+# this many bytes of rows, CYCLE_GATHER_BYTES // size per rank: an allgather whose every rank's
+# rows fit needs no data phase. Every allgather's cycle carries the room, so it stays small: with
+# 1 KiB, allgathers too large for it took 1 us more (np=2, 4-64 KiB), with 256 B no more than
+# the noise (BENCHMARKS.md, "Round 2, session 15").
+CYCLE_GATHER_BYTES = 256
 # The ring's reduce-scatter moves and reduces chunks in segments of this size, double
 # buffered: large enough that MPI round trips are few (MPICH's shared-memory copies run best
 # on large messages), small enough that a received segment is still in cache when it is

@@ -81,6 +81,26 @@ def scatter_to_arrays(cnp.ndarray flat not None, list arrays not None):
     return True
 
 
+def gather_strided(cnp.ndarray out not None, uintptr_t src, int64_t stride, list lengths not None):
+    """Copy lengths[r] bytes from `src + r * stride`, for each r in turn, into `out`, one
+    after another (an allgather's rows out of the shares of its cycle's payload). `out` must
+    be C-contiguous, writeable and hold their sum exactly (ValueError otherwise)."""
+    cdef Py_ssize_t total = 0, r
+    cdef int64_t n
+    for item in lengths:
+        n = item
+        if n < 0 or n > stride:
+            raise ValueError(f"gather_strided: a length of {n} bytes does not fit a stride of {stride}")
+        total += n
+    if not (cnp.PyArray_IS_C_CONTIGUOUS(out) and cnp.PyArray_ISWRITEABLE(out) and cnp.PyArray_NBYTES(out) == total):
+        raise ValueError(f"gather_strided needs a C-contiguous, writeable array of {total} bytes")
+    cdef char* dst = <char*> cnp.PyArray_DATA(out)
+    for r in range(len(lengths)):
+        n = lengths[r]
+        memcpy(dst, <char*> src + r * stride, n)
+        dst += n
+
+
 def pieces_of(list arrays not None):
     """(addresses, byte lengths) of `arrays`, two int64 arrays: the pieces an allreduce of
     the group reads where they lie (`SharedSegment.allreduce_pieces`); or None when any is

@@ -41,13 +41,14 @@ import numpy as np
 from .. import kernels
 from .._core import pool as _pool
 from .._core.config import (BROADCAST_CHAIN_BYTES, BROADCAST_SEGMENT_BYTES, BROADCAST_SINGLE_COPY_BYTES,
-                            SHM_COLLECTIVE_MAX_BYTES, SHM_REDUCESCATTER_MAX_BYTES, SHM_STREAM_BROADCAST_MAX_BYTES,
-                            SHM_STREAM_EXCHANGE_MAX_BYTES, SHM_TIMED_CHOICE_MIN_BYTES)
+                            CYCLE_GATHER_BYTES, SHM_COLLECTIVE_MAX_BYTES, SHM_REDUCESCATTER_MAX_BYTES,
+                            SHM_STREAM_BROADCAST_MAX_BYTES, SHM_STREAM_EXCHANGE_MAX_BYTES, SHM_TIMED_CHOICE_MIN_BYTES,
+                            SMALL_MESSAGE_BYTES)
 from .._core.dtypes import spec_of
 from .._core.ops import KERNEL_OP, ReduceOp
 from .._core.work import AllreduceWork, finalizer, predivides, prescale, split_for_average, unpack, work_of
-from .._transport import (array_address, chain_broadcast, is_c_contiguous, pairwise_alltoall,
-                          ring_reduce_scatter_into, single_copy_broadcast, tree_broadcast)
+from .._transport import (array_address, chain_broadcast, copy_from_array, gather_strided, is_c_contiguous,
+                          pairwise_alltoall, ring_reduce_scatter_into, single_copy_broadcast, tree_broadcast)
 from .._transport.shm import EXCHANGE_BY_SIZE, EXCHANGE_DIRECT, EXCHANGE_SINGLE_COPY, EXCHANGE_STREAM
 from . import hierarchical
 from .base import Message, chunk_offsets, ring_segment
@@ -364,6 +365,65 @@ def reduce_scatter_rows(rt, arr: np.ndarray, work: AllreduceWork, counts: np.nda
     elif total:
         ring_reduce_scatter_into(rt.transport, array_address(src), offsets, array_address(out),
                                  array_address(scratch), ring_segment(rt, itemsize), reduce_fn, itemsize)
+    finalize = finalizer(work, rt.size)
+    if finalize is not None:
+        finalize(out.reshape(-1))
+    return out
+
+
+def _gather_share(size: int) -> int:
+    """Words of rows each rank has room for in an allgather's cycle (CYCLE_GATHER_BYTES)."""
+    return CYCLE_GATHER_BYTES // size // 8
+
+
+def gather_payload(rt, word: int, data: np.ndarray) -> np.ndarray:
+    """What an allgather's lean cycle carries for this rank, summed over the ranks: `word`
+    (its row count) at entry rt.rank of the first rt.size int64 words, then `data`'s bytes
+    in this rank's share of the room that follows, where they fit (else nothing); zeros
+    elsewhere. The sum holds every rank's word, and every rank's bytes where they fit
+    (`allgather_reduced`), bit for bit."""
+    n, share = rt.size, _gather_share(rt.size)
+    payload = np.zeros(n * (1 + share), np.int64)
+    payload[rt.rank] = word
+    if data.nbytes <= 8 * share:
+        at = array_address(payload) + 8 * (n + rt.rank * share)
+        if not copy_from_array(at, data):
+            copy_from_array(at, np.ascontiguousarray(data))
+    return payload
+
+
+def gather_fits(size: int) -> bool:
+    """Whether `gather_payload`s of `size` ranks fit in a cycle."""
+    return 8 * size * (1 + _gather_share(size)) <= SMALL_MESSAGE_BYTES
+
+
+def allgather_reduced(rt, arr: np.ndarray, reduced: np.ndarray) -> np.ndarray:
+    """Every rank's rows of `arr` concatenated, from the sum of the ranks' `gather_payload`s
+    (their row counts as the words): out of it where every rank's rows fit there, else by
+    `allgather_concat` with the counts it holds."""
+    n, share = rt.size, 8 * _gather_share(rt.size)
+    counts = reduced[:n]
+    unit = row_bytes(arr)
+    rows = counts.tolist()
+    if max(rows) * unit > share:
+        return allgather_concat(rt, arr, counts)[1]
+    out = np.empty((sum(rows),) + arr.shape[1:], arr.dtype)
+    gather_strided(out, array_address(reduced) + 8 * n, share, [r * unit for r in rows])
+    return out
+
+
+def rides_cycle(work: AllreduceWork, size: int) -> bool:
+    """Whether a reducescatter of `work` may reduce its whole input as it is, in the cycle
+    that agrees on it (`own_rows` then keeps this rank's rows): no scaling before the
+    reduction, no integer Average's quotients and remainders."""
+    return not work.splits_average and work.prescale == 1.0 and not predivides(work, size)
+
+
+def own_rows(rt, reduced: np.ndarray, work: AllreduceWork) -> np.ndarray:
+    """This rank's rows of `reduced` (every rank's input reduced, as `rides_cycle` allows),
+    finished as `reduce_scatter_rows` finishes them (Average's division, the postscale)."""
+    rows = chunk_offsets(reduced.shape[0], rt.size, 1)
+    out = reduced[int(rows[rt.rank]):int(rows[rt.rank + 1])]
     finalize = finalizer(work, rt.size)
     if finalize is not None:
         finalize(out.reshape(-1))

@@ -20,6 +20,7 @@ from typing import Any, Callable
 import numpy as np
 
 from .._core import pool as _pool
+from .._core.config import CYCLE_COLLECTIVE_MAX_BYTES
 from .._core.dtypes import DtypeSpec, spec_of
 from .._core.errors import FastringError
 from .._core.ops import ReduceOp, as_reduce_op
@@ -29,8 +30,9 @@ from .._core.work import work_of
 from .._transport import is_c_contiguous
 from ..algorithms import InCycle, broadcast_bytes, chunk_offsets
 from ..algorithms.adasum import ADASUM_DTYPES, adasum_allreduce as _adasum
-from ..algorithms.collectives import (allgather_concat, allgather_rows, alltoall_rows, byte_offsets, gather_counts,
-                                      reduce_scatter_rows, row_bytes)
+from ..algorithms.collectives import (allgather_concat, allgather_reduced, allgather_rows, alltoall_rows, byte_offsets,
+                                      gather_counts, gather_fits, gather_payload, own_rows, reduce_scatter_rows,
+                                      rides_cycle, row_bytes)
 from ..engine import Handle, Request
 from ..engine.engine import arrived
 from .process_sets import runtime_of, set_rank
@@ -83,55 +85,57 @@ def _rows_fields(kind: str, arr: np.ndarray, spec: DtypeSpec) -> tuple:
 
 
 def _request_of(rt: Runtime, kind: str, name: str, fields: tuple, nbytes: int, execute: Callable[..., Any],
-                counts: np.ndarray | None = None) -> Request:
-    """The Request of a collective given as its parts (`fields` with its kind first; `counts`
-    ride only the lean path's cycle, see `_run`)."""
+                ride: tuple | None = None) -> Request:
+    """The Request of a collective given as its parts (`fields` with its kind first; `ride`
+    rides only the lean path's cycle, see `_run`)."""
     return Request(kind, name, fields, nbytes, Handle(rt.engine, name), execute=execute)
 
 
 def _run(rt: Runtime, kind: str, name: str, fields: tuple, nbytes: int, execute: Callable[..., Any],
-         counts: np.ndarray | None = None):
+         ride: tuple | None = None):
     """The synchronous form of a collective given as its parts: by the engine's lean path
-    (`Engine.lone_run`: no Request; `counts`, where given, summed over the ranks in the
-    negotiation cycle and handed to `execute(rt, summed)`, else `execute(rt)`) when nothing
-    is queued, otherwise as the Request that the `_async` form submits (`execute(rt)`),
-    waited for."""
+    (`Engine.lone_run`: no Request; `ride`, where given, is (payload, op, into): the payload
+    reduced over the ranks in the negotiation cycle, into `into` (None: a new array), and
+    handed to `execute(rt, reduced)`, else `execute(rt)`) when nothing is queued, otherwise
+    as the Request that the `_async` form submits (`execute(rt)`), waited for."""
     def request(assigned: str) -> Request:
         return _request_of(rt, kind, assigned, fields, nbytes, execute)
 
-    def run(assigned: str, summed: np.ndarray | None):
-        return execute(rt) if summed is None else execute(rt, summed)
-    done = rt.engine.lone_run(kind, name, fields, run, request, counts)
+    def run(assigned: str, reduced: np.ndarray | None):
+        return execute(rt) if reduced is None else execute(rt, reduced)
+    done = rt.engine.lone_run(kind, name, fields, run, request, *(ride or ()))
     return rt.engine.run(request(name)) if done is None else done[0]
 
 
-# (ranks, rank, this rank's row count or equal split) -> their cycle payload (read-only,
+# (ranks, rank, this rank's row count or equal split) -> their cycle's ride (read-only,
 # shared: building it cost 3-4 us a call); splits given by the caller, which may change every
 # call, are not kept
-_OWN_COUNTS: dict[tuple, np.ndarray | None] = {}
+_OWN_COUNTS: dict[tuple, tuple | None] = {}
 
 
-def _own_counts(rt: Runtime, mine) -> np.ndarray | None:
-    """This rank's row counts as a cycle's payload: `mine` (an int, or send_rows) in row
-    `rt.rank` of zeros for every rank, whose sum over the ranks is every rank's counts; None
-    where they would not fit in a cycle."""
+def _own_counts(rt: Runtime, mine) -> tuple | None:
+    """This rank's row counts as what rides a lean call's cycle (`_run`'s `ride`): `mine` (an
+    int, or send_rows) in row `rt.rank` of zeros for every rank, whose sum over the ranks is
+    every rank's counts; None where they would not fit in a cycle."""
     kept = type(mine) is int or not mine.flags.writeable  # a row count, or _equal_rows' split
     key = (rt.size, rt.rank, mine if type(mine) is int else ("split", int(mine[0]))) if kept else None
-    counts = _OWN_COUNTS.get(key, False)  # None, the key of splits not kept, is never stored
-    if counts is False:
+    ride = _OWN_COUNTS.get(key, False)  # None, the key of splits not kept, is never stored
+    if ride is False:
         counts = np.zeros((rt.size,) if type(mine) is int else (rt.size, rt.size), np.int64)
+        ride = None
         if InCycle.fits(counts.nbytes):
             counts[rt.rank] = mine
             counts.flags.writeable = False
-        else:
-            counts = None
+            ride = (counts, ReduceOp.Sum, None)
         if kept and len(_OWN_COUNTS) < ROWS_FIELDS_KEPT:
-            _OWN_COUNTS[key] = counts
-    return counts
+            _OWN_COUNTS[key] = ride
+    return ride
 
 
 def _root(root_rank, rt: Runtime) -> int:
     """The root's rank in `rt`'s communicator (root_rank is global: see process_sets)."""
+    if type(root_rank) is int and rt.world_ranks is None and 0 <= root_rank < rt.size:
+        return root_rank  # the common case, without the checks' half microsecond
     if isinstance(root_rank, bool) or not isinstance(root_rank, numbers.Integral):
         raise TypeError(f"root_rank must be an integer, got {type(root_rank).__name__}")
     root = int(root_rank)
@@ -147,11 +151,12 @@ def _allgather_parts(tensor, name, process_set) -> tuple:
     name = request_name(rt, "allgather", name)
     arr, spec = _rows_array(tensor, "allgather")
 
-    def execute(rt: Runtime, counts: np.ndarray | None = None):
-        _, out = allgather_concat(rt, arr, counts)
+    def execute(rt: Runtime, reduced: np.ndarray | None = None):
+        # reduced: every rank's row count, and every rank's rows where they fit (gather_payload)
+        out = allgather_concat(rt, arr)[1] if reduced is None else allgather_reduced(rt, arr, reduced)
         return like(tensor, out)
-    return (rt, "allgather", name, _rows_fields("allgather", arr, spec), arr.nbytes, execute,
-            _own_counts(rt, arr.shape[0]))
+    ride = (gather_payload(rt, arr.shape[0], arr), ReduceOp.Sum) if rt.size > 1 and gather_fits(rt.size) else None
+    return (rt, "allgather", name, _rows_fields("allgather", arr, spec), arr.nbytes, execute, ride)
 
 
 def allgather_async(tensor, *, name: str | None = None, process_set=None) -> Handle:
@@ -193,13 +198,14 @@ def _broadcast_parts(tensor, root_rank, name, out, process_set) -> tuple:
     spec = spec_of(arr.dtype)
     e = entry(tensor, arr, out)
 
-    def execute(rt: Runtime):
-        if rt.rank == root and e.work is not e.src and is_c_contiguous(e.src):
+    def execute(rt: Runtime, landed: np.ndarray | None = None):
+        # landed: the root's bytes came in the cycle, into e.work already (_in_cycle)
+        if landed is None and rt.rank == root and e.work is not e.src and is_c_contiguous(e.src):
             # Sent from the input, so that the others' reads leave the result's cache lines
             # to the root alone (see Transport.ring_allgather).
             broadcast_bytes(rt, e.src, root)
             np.copyto(e.work, e.src)
-        else:
+        elif landed is None:
             if rt.rank == root and e.work is not e.src:
                 np.copyto(e.work, e.src)
             broadcast_bytes(rt, e.work, root)
@@ -208,7 +214,33 @@ def _broadcast_parts(tensor, root_rank, name, out, process_set) -> tuple:
         return e.result
 
     fields = (("dtype", spec.name), ("shape", arr.shape), ("root_rank", root), ("device", "cpu"))
-    return _parts(rt, "broadcast", name, fields, arr.nbytes, execute)
+    ride = None
+    if _in_cycle(rt, arr.nbytes):
+        # the root's bytes summed with the others' zeros, as unsigned integers (every bit
+        # kept): every rank's e.work holds them
+        src = e.src if rt.rank == root else _zeros(arr.nbytes)
+        ride = (src if is_c_contiguous(src) else np.ascontiguousarray(src), ReduceOp.Sum, e.work,
+                _WORDS if arr.nbytes % 8 == 0 else _BYTES)
+    return _parts(rt, "broadcast", name, fields, arr.nbytes, execute) + (ride,)
+
+
+def _in_cycle(rt: Runtime, nbytes: int) -> bool:
+    """Whether a lean broadcast or reducescatter of `nbytes` (alike on every rank: the shape
+    is agreed) rides its negotiation cycle with its data (CYCLE_COLLECTIVE_MAX_BYTES)."""
+    return rt.size > 1 and 0 < nbytes <= CYCLE_COLLECTIVE_MAX_BYTES
+
+
+# The integers a broadcast's bytes are summed as: 8-byte words where they divide its size
+# (a sum adds 8 bytes a step), else bytes.
+_WORDS, _BYTES = np.dtype(np.uint64), np.dtype(np.uint8)
+
+
+@functools.lru_cache(maxsize=64)
+def _zeros(nbytes: int) -> np.ndarray:
+    """`nbytes` zero bytes (read-only, shared): what a broadcast's other ranks add to the root's."""
+    out = np.zeros(nbytes, np.uint8)
+    out.flags.writeable = False
+    return out
 
 
 def broadcast_async(tensor, root_rank: int, *, name: str | None = None, out=None,
@@ -346,13 +378,17 @@ def _reducescatter_parts(tensor, op, name, prescale_factor, postscale_factor, pr
     check_op_for_dtype(op, spec, prescale, postscale)
     work = work_of(spec, op, prescale, postscale)
 
-    def execute(rt: Runtime):
-        out = reduce_scatter_rows(rt, arr, work)
+    def execute(rt: Runtime, reduced: np.ndarray | None = None):
+        # reduced: every rank's input, reduced in the cycle (_in_cycle)
+        out = reduce_scatter_rows(rt, arr, work) if reduced is None else own_rows(rt, reduced, work)
         return like(tensor, out)
 
     fields = (("dtype", spec.name), ("shape", arr.shape), ("op", op.name),
               ("prescale_factor", prescale), ("postscale_factor", postscale), ("device", "cpu"))
-    return _parts(rt, "reducescatter", name, fields, arr.nbytes, execute)
+    ride = None
+    if _in_cycle(rt, arr.nbytes) and rides_cycle(work, rt.size):
+        ride = (arr if is_c_contiguous(arr) else np.ascontiguousarray(arr), op)
+    return _parts(rt, "reducescatter", name, fields, arr.nbytes, execute) + (ride,)
 
 
 def reducescatter_async(tensor, op: ReduceOp = ReduceOp.Average, *, name: str | None = None,

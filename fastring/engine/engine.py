@@ -240,16 +240,20 @@ class Engine:
         return None if done is None else done[0]
 
     def lone_run(self, kind: str, name: str | None, fields: tuple, run: Callable[[str, np.ndarray | None], object],
-                 request: Callable[[str], Request], counts: np.ndarray | None = None):
+                 request: Callable[[str], Request], payload: np.ndarray | None = None,
+                 op: ReduceOp = ReduceOp.Sum, into: np.ndarray | None = None, dtype: np.dtype | None = None):
         """A synchronous collective (`fields` as the general path would build them) while
-        nothing is queued here: `_speculate_alone`, then `run(name, summed)` on this thread,
+        nothing is queued here: `_speculate_alone`, then `run(name, reduced)` on this thread,
         without building a Request unless the ranks disagree (`request(name)` builds it then,
-        and the call waits for it like any other). `counts` (int64, at most a cycle's payload:
-        this rank's entries set, the others' zero) ride the cycle, and `summed` is their sum
-        over the ranks: what every rank would otherwise exchange first. A rank whose
-        proposal carries no counts (the general path) makes the cycle fail on every rank,
-        so the sum is never partial. `summed` is None without counts. `name` None: the next
-        automatic name of `kind`. Returns (the call's result,) (of run, or of the queued
+        and the call waits for it like any other). `payload` (C-contiguous, at most a cycle's
+        payload, of a size every rank derives alike from `fields`) rides the cycle, and
+        `reduced` is its reduction by `op` over the ranks as `dtype`'s items (None: its own),
+        in `into` (C-contiguous, writeable, as many bytes; None: a new array like `payload`):
+        what every rank would otherwise
+        exchange first, or the collective's whole data. A rank whose proposal carries another
+        payload size (the general path: none) makes the cycle fail on every rank, so the
+        reduction is never partial. `reduced` is None without a payload. `name` None: the
+        next automatic name of `kind`. Returns (the call's result,) (of run, or of the queued
         request), or None when the general path must take the call; nothing has happened
         then. An error of `run` itself is the caller's alone, as in execution."""
         if not self._idle():
@@ -259,21 +263,21 @@ class Engine:
             if self._pending or self._keep_cycling:
                 return None
             name = name or self.auto_name(kind)
-            summed = None
+            reduced = None
             try:
-                if counts is None:
+                if payload is None:
                     req = self._speculate_lone(name, fields, request)
                 else:
-                    summed = np.empty(counts.shape, counts.dtype)
-                    h, reducer = self._lone_signature(name, fields, ReduceOp.Sum, counts.dtype)
-                    req = self._lone_payload(name, fields, h, counts, summed, reducer, request)
+                    reduced = np.empty(payload.shape, payload.dtype) if into is None else into
+                    h, reducer = self._lone_signature(name, fields, op, dtype or payload.dtype)
+                    req = self._lone_payload(name, fields, h, payload, reduced, reducer, request)
             except BaseException as e:  # noqa: BLE001 - every waiter must hear of it
                 self._abandon(e)
                 raise
             if req is None:
                 self._executor.running = (kind, [name])  # for a stall's message
                 try:
-                    return (run(name, summed),)
+                    return (run(name, reduced),)
                 except BaseException as e:  # noqa: BLE001 - see _interrupted
                     self._interrupted(e)
                     raise

@@ -244,6 +244,78 @@ got = fastring.reducescatter(to_fw(strided_rs)[:, ::2], op=fastring.Sum)
 full = sum(np.arange(4 * N, dtype=np.float32).reshape(2 * N, 2) + r for r in range(N))
 exact("reducescatter strided", got, full[2 * R:2 * R + 2], np.dtype(np.float32))
 
+# --------------------------------------------------------------------------- riding the cycle
+# A lean broadcast or reducescatter this small, and an allgather whose every rank's rows fit
+# in its share of the cycle's room, carry their data in the negotiation cycle: the functions
+# that would move the bytes (watched) do not run. One larger, an allgather with one rank's rows
+# beyond its share, or a reducescatter that must scale first, takes the data phase; every
+# result is exact either way (a broadcast's bits included: -0.0, a NaN's payload, odd sizes).
+if N > 1:
+    from fastring._core.config import CYCLE_COLLECTIVE_MAX_BYTES, CYCLE_GATHER_BYTES
+    from fastring.algorithms import collectives as algo_collectives
+    watched = {"broadcast_bytes": [], "reduce_scatter_rows": [], "allgather_concat": []}
+    real = {k: getattr(api_collectives, k) for k in watched}
+
+    def watcher(k):
+        return lambda *a, **kw: watched[k].append(1) or real[k](*a, **kw)
+    hooks = {k: watcher(k) for k in watched}
+    for k, hook in hooks.items():
+        setattr(api_collectives, k, hook)
+    algo_collectives.allgather_concat = hooks["allgather_concat"]
+
+    def moved(tag, call, kind, expected_calls):
+        for calls in watched.values():
+            calls.clear()
+        got = call()
+        if len(watched[kind]) != expected_calls:
+            c.fail(f"{tag}: {kind} ran {len(watched[kind])} times, expected {expected_calls}")
+        return got
+    try:
+        special = np.array([-0.0, np.nan, np.inf, -np.inf, 1e-45, 3.5], np.float32)
+        special.view(np.uint32)[1] = 0x7FC12345  # a NaN with a payload
+        cases = {"special float32": special, "5 bytes": np.arange(5, dtype=np.uint8) + 250,
+                 "3 float16": np.array([-0.0, 65504, np.nan], np.float16),
+                 "the cycle's limit": np.arange(CYCLE_COLLECTIVE_MAX_BYTES, dtype=np.uint8)}
+        for tag, value in cases.items():
+            mine = value if R == N - 1 else np.zeros_like(value)
+            got = moved(f"broadcast {tag}", lambda: fastring.broadcast(mine, N - 1, name=f"ride {tag}"),
+                        "broadcast_bytes", 0)
+            exact(f"broadcast riding the cycle: {tag}", got, value, value.dtype, fw=False)
+        over = np.arange(CYCLE_COLLECTIVE_MAX_BYTES + 8, dtype=np.uint8) + R
+        exact("broadcast past the cycle's limit", moved("broadcast past the limit", lambda: fastring.broadcast(
+            over, 0, name="ride over"), "broadcast_bytes", 1), over - R, over.dtype, fw=False)
+
+        rows = np.arange(6 * N, dtype=np.float32).reshape(2 * N, 3) + R
+        total = sum(np.arange(6 * N, dtype=np.float32).reshape(2 * N, 3) + r for r in range(N))
+        for tag, scales, expected_calls, expected in (
+                ("sum", {}, 0, total), ("postscale", {"postscale_factor": 3.0}, 0, total * 3),
+                ("prescale", {"prescale_factor": 2.0}, 1, total * 2)):
+            got = moved(f"reducescatter {tag}", lambda: fastring.reducescatter(
+                rows, op=fastring.Sum, name=f"ride rs {tag}", **scales), "reduce_scatter_rows", expected_calls)
+            exact(f"reducescatter riding the cycle: {tag}", got, expected[2 * R:2 * R + 2], np.dtype(np.float32),
+                  fw=False)
+        ints = np.full(N, 2 * R + 1, np.int32)  # an integer Average: quotients and remainders
+        exact("reducescatter int average", moved("reducescatter int average", lambda: fastring.reducescatter(
+            ints, op=fastring.Average, name="ride rs int"), "reduce_scatter_rows", 1), np.full(1, N, np.int32),
+            np.dtype(np.int32), fw=False)
+        over = np.ones(CYCLE_COLLECTIVE_MAX_BYTES // 4 + N, np.float32)
+        moved("reducescatter past the limit", lambda: fastring.reducescatter(over, op=fastring.Sum, name="ride rs over"),
+              "reduce_scatter_rows", 1)
+
+        share_rows = CYCLE_GATHER_BYTES // N // 8  # int64 rows that fit in one rank's share
+        for tag, rows_of_rank, expected_calls in (
+                ("every rank's rows fit", lambda r: share_rows - r % 2, 0),
+                ("the last rank's rows do not fit", lambda r: share_rows + (r == N - 1), 1),
+                ("none fit", lambda r: share_rows + 1, 1)):
+            parts = [np.arange(rows_of_rank(r), dtype=np.int64) * N + r for r in range(N)]
+            got = moved(f"allgather {tag}", lambda: fastring.allgather(parts[R], name=f"ride ag {tag}"),
+                        "allgather_concat", expected_calls)
+            exact(f"allgather riding the cycle: {tag}", got, np.concatenate(parts), np.dtype(np.int64), fw=False)
+    finally:
+        for k in watched:
+            setattr(api_collectives, k, real[k])
+        algo_collectives.allgather_concat = real["allgather_concat"]
+
 # --------------------------------------------------------------------------- async, all at once
 pending = []
 for k in range(3):
