@@ -4,6 +4,9 @@ over the bytes it moves, each figure from one launch.
   * allreduce of 4 KiB (float32, in place) against MPI_Allreduce on the same kind of buffer,
     back to back and with the caller's own mpi4py barrier before every call (not timed);
     ratio = MPI's time / fastring's (above 1: faster than MPI);
+  * an unnamed allreduce of 4 KiB, and barrier against MPI_Barrier (ratio as above);
+  * the other collectives of 64 B and 4 KiB a rank (float32; reducescatter: its part)
+    against MPI_Bcast, MPI_Allgather, MPI_Reduce_scatter_block and MPI_Alltoall;
   * grouped_allreduce of 100 x 40 KB against 100 MPI_Allreduce calls (ratio as above);
   * fastring.torch: `allreduce_async` + `synchronize` of 100 small tensors (100 float32),
     microseconds per tensor, beside the same through the numpy API; a synchronous
@@ -41,6 +44,28 @@ def small_rows(comm) -> list[dict]:
                       lambda: comm.Allreduce(MPI.IN_PLACE, y, MPI.SUM), 200, 7, comm, barrier)
         row.update(what="allreduce", bytes=4096, barrier=barrier)
         rows.append(row)
+    row = compare(lambda: fastring.allreduce(x, op=fastring.Sum, out=x),
+                  lambda: comm.Allreduce(MPI.IN_PLACE, y, MPI.SUM), 200, 7, comm)
+    rows.append(dict(row, what="allreduce, unnamed", bytes=4096, barrier=False))
+    row = compare(fastring.barrier, comm.Barrier, 200, 7, comm)
+    rows.append(dict(row, what="barrier", bytes=0, barrier=False))
+    return rows + collective_rows(comm)
+
+
+def collective_rows(comm) -> list[dict]:
+    """The other collectives of 64 B and 4 KiB a rank against MPI's."""
+    n = comm.Get_size()
+    rows = []
+    for nbytes in (64, 4096):
+        x = np.ones(nbytes // 4, np.float32)
+        whole, gathered = np.ones(n * x.size, np.float32), np.empty(n * x.size, np.float32)
+        cases = (("broadcast", lambda: fastring.broadcast(x, 0, name="bc", out=x), lambda: comm.Bcast(x, 0)),
+                 ("allgather", lambda: fastring.allgather(x, name="ag"), lambda: comm.Allgather(x, gathered)),
+                 ("reducescatter", lambda: fastring.reducescatter(whole, op=fastring.Sum, name="rs"),
+                  lambda: comm.Reduce_scatter_block(whole, x, MPI.SUM)),
+                 ("alltoall", lambda: fastring.alltoall(whole, name="a2a"), lambda: comm.Alltoall(whole, gathered)))
+        for what, ours, theirs in cases:
+            rows.append(dict(compare(ours, theirs, 200, 7, comm), what=what, bytes=nbytes, barrier=False))
     return rows
 
 

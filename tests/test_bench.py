@@ -336,3 +336,24 @@ def test_one_host_scripts(tmp_path):
     # 64 KiB rides the negotiation cycle: its payload's stores; 128 KiB the segment's stores
     assert " plain cycle " in small[4] and " streaming cycle " in small[4] and " MPI " in small[4]
     assert " cached " in large[4] and " streaming " in large[4] and " MPI " in large[4]
+
+
+def test_per_call_script(tmp_path):
+    """scripts/bench_percall.py on 2 ranks: the allreduce with and without the caller's barrier
+    and unnamed, barrier, the other collectives at 64 B and 4 KiB, each against MPI, then the
+    grouped call and the torch rows, and the summary of two launches."""
+    pytest.importorskip("torch")
+    from conftest import run_script
+    rows_json = tmp_path / "percall.json"
+    run_script(ROOT / "scripts" / "bench_percall.py", "--json", rows_json)
+    rows = json.loads(rows_json.read_text())
+    others = [(what, size) for size in (64, 4096) for what in ("broadcast", "allgather", "reducescatter", "alltoall")]
+    assert [(r["what"], r["bytes"]) for r in rows[:4 + len(others)]] == (
+        [("allreduce", 4096), ("allreduce", 4096), ("allreduce, unnamed", 4096), ("barrier", 0)] + others)
+    assert all(r["ratio"] > 0 for r in rows if "ratio" in r) and [r["barrier"] for r in rows[:3]] == [False, True, False]
+    assert [r["what"] for r in rows[4 + len(others):]] == [
+        "grouped_allreduce 100 x 40 KB", "allreduce_async + synchronize, 100 x 100 float32",
+        "synchronous allreduce, 100 float32"]
+    summary = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_percall.py"), "--summarize",
+                              str(rows_json), str(rows_json)], capture_output=True, text=True, check=True).stdout
+    assert "| barrier | 0 B | no |" in summary and "| alltoall | 64 B | no |" in summary

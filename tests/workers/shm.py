@@ -501,11 +501,13 @@ def lean_exchanges(tag):
     call as a Request (no counts in its cycle) while the others go lean, then the same name
     lean again; and the segment refusing known counts of the wrong shape."""
     known = []
-    real = api_collectives.allgather_concat, api_collectives.alltoall_rows
+    real = api_collectives.allgather_concat, api_collectives.alltoall_rows, api_collectives.allgather_reduced
     api_collectives.allgather_concat = lambda rt_, a, counts=None: known.append(counts is not None) or real[0](
         rt_, a, counts)
     api_collectives.alltoall_rows = lambda rt_, a, rows, matrix=None: known.append(matrix is not None) or real[1](
         rt_, a, rows, matrix)
+    # a lean allgather's cycle carried the counts (and, where they fit, the rows)
+    api_collectives.allgather_reduced = lambda rt_, a, reduced: known.append(True) or real[2](rt_, a, reduced)
     try:
         for k, nbytes in enumerate([8, 3 * SHM_STREAM_LARGE_PIECE_BYTES + 40]):
             rows = [nbytes // 8 + 3 * r for r in range(N)]
@@ -527,7 +529,7 @@ def lean_exchanges(tag):
                 c.check_close(f"alltoall {how} {nbytes} B {tag} splits", received,
                               np.array([to(r, R) for r in range(N)]), 0)
     finally:
-        api_collectives.allgather_concat, api_collectives.alltoall_rows = real
+        api_collectives.allgather_concat, api_collectives.alltoall_rows, api_collectives.allgather_reduced = real
     # lean, then (mixed: the cycles disagree) not, per size and collective; lean again later
     c.CHECKS.check(known[:2] == [True, True] and known[2:4] == [False, False] and sum(known) >= 4,
                    f"the calls with known counts: {known} ({tag})")
