@@ -383,13 +383,26 @@ def gather_payload(rt, word: int, data: np.ndarray) -> np.ndarray:
     elsewhere. The sum holds every rank's word, and every rank's bytes where they fit
     (`allgather_reduced`), bit for bit."""
     n, share = rt.size, _gather_share(rt.size)
-    payload = np.zeros(n * (1 + share), np.int64)
-    payload[rt.rank] = word
-    if data.nbytes <= 8 * share:
-        at = array_address(payload) + 8 * (n + rt.rank * share)
-        if not copy_from_array(at, data):
-            copy_from_array(at, np.ascontiguousarray(data))
+    fits = data.nbytes <= 8 * share
+    key = (n, rt.rank, word)
+    payload = None if fits else _COUNTS_ONLY.get(key)
+    if payload is None:
+        payload = np.zeros(n * (1 + share), np.int64)
+        payload[rt.rank] = word
+        if fits:
+            at = array_address(payload) + 8 * (n + rt.rank * share)
+            if not copy_from_array(at, data):
+                copy_from_array(at, np.ascontiguousarray(data))
+        elif len(_COUNTS_ONLY) < COUNTS_ONLY_KEPT:
+            payload.flags.writeable = False
+            _COUNTS_ONLY[key] = payload
     return payload
+
+
+# (ranks, rank, row count) -> the payload of rows that do not fit (read-only, shared: building
+# it cost a microsecond a call)
+_COUNTS_ONLY: dict[tuple, np.ndarray] = {}
+COUNTS_ONLY_KEPT = 4096
 
 
 def gather_fits(size: int) -> bool:
@@ -403,6 +416,8 @@ def allgather_reduced(rt, arr: np.ndarray, reduced: np.ndarray) -> np.ndarray:
     `allgather_concat` with the counts it holds."""
     n, share = rt.size, 8 * _gather_share(rt.size)
     counts = reduced[:n]
+    if arr.nbytes > share:  # this rank's rows did not fit, at least
+        return allgather_concat(rt, arr, counts)[1]
     unit = row_bytes(arr)
     rows = counts.tolist()
     if max(rows) * unit > share:
