@@ -43,23 +43,3 @@ def test_compression_argument_errors():
     assert fastring.allreduce(np.ones(3), compression=None).tolist() == [1.0] * 3
 
 
-def test_segment_chooser_tries_both_then_keeps_the_faster():
-    from fastring.algorithms import SegmentChooser
-    from fastring._core.config import (WIRE_SEGMENT_ELEMENTS as SMALL, WIRE_SEGMENT_RETRY_CALLS as RETRY,
-                                  WIRE_STREAM_SEGMENT_ELEMENTS as LARGE)
-    c, nbytes, chunk = SegmentChooser(), 64 << 20, 8 << 20
-    assert not c.learns(SMALL) and c.segment(SMALL, 1 << 20) == SMALL  # one segment either way
-    times = {SMALL: 2.0, LARGE: 1.0}
-    used = []
-    for _ in range(3 * RETRY):
-        s = c.segment(chunk, nbytes)
-        used.append(s)
-        c.record(nbytes, s, times[s])
-    assert used[:2] == [SMALL, LARGE]  # each timed once, then the faster, retrying the other
-    assert [i for i, s in enumerate(used) if s == SMALL] == [0, RETRY - 1, 2 * RETRY - 1, 3 * RETRY - 1]
-    # the small segment becomes faster: each retry pulls its smoothed time down, until it wins
-    times = {SMALL: 0.1, LARGE: 1.0}
-    for _ in range(3 * RETRY):
-        c.record(nbytes, s := c.segment(chunk, nbytes), times[s])
-    assert c.segment(chunk, nbytes) == SMALL
-    assert c.segment(chunk, nbytes << 1) == SMALL  # another size learns on its own

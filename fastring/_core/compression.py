@@ -5,7 +5,7 @@ while every rank accumulates in float32 (float64 tensors: in float64), with a fu
 that decodes a received segment, adds this rank's input and re-encodes it in one pass. The
 ring reads the input where it lies and runs segment by segment, so the 16-bit values live only
 in three segment-sized buffers (on one host the "wire" is memory); it times a cache-sized and
-a streaming segment size per message size and keeps the faster (algorithms.SegmentChooser).
+a streaming segment size per message size and keeps the faster (algorithms.choice.TimedChoice).
 Average and the prescale are applied as the input is read, before the reduction, so partial
 sums of inputs that fit the format stay within it. Integer and bool tensors are never compressed. On the CPU the fp16
 conversions are the processor's own (F16C): a NaN stays NaN, but a signalling NaN arrives

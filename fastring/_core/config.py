@@ -45,11 +45,10 @@ HIERARCHY_CHUNK_BYTES = 1024 * 1024
 # through three 16-bit buffers of a segment each. Small segments stay in cache and large ones
 # stream; which is faster depends on how the cores share their caches at the time, which can
 # change between runs (BENCHMARKS.md, "Why compression misses"). So the ring times both per
-# message size and uses the faster one, trying the other again every
-# WIRE_SEGMENT_RETRY_CALLS calls.
+# message size on the user's calls and uses the faster one, as the one-host ways are chosen
+# (fastring.algorithms.choice.TimedChoice, PATH_TIMING_PERIOD_CALLS).
 WIRE_SEGMENT_ELEMENTS = 256 * 1024
 WIRE_STREAM_SEGMENT_ELEMENTS = 4 * 1024 * 1024
-WIRE_SEGMENT_RETRY_CALLS = 16
 # Broadcasts above this size on 3 or more ranks take the pipelined chain, in segments of
 # BROADCAST_SEGMENT_BYTES; smaller ones (and all on two ranks) take the binomial tree.
 BROADCAST_CHAIN_BYTES = SMALL_MESSAGE_BYTES

@@ -4,11 +4,11 @@
 allreduce algorithms, `device` the device ring, `hierarchical` the allreduce across hosts of several ranks, `collectives` the data movement of allgather,
 broadcast, alltoall and reducescatter, `base` what they share.
 """
-from .allreduce import CompressedRing, InCycle, MpiNative, RecursiveDoubling, Ring, SegmentChooser
+from .allreduce import CompressedRing, InCycle, MpiNative, RecursiveDoubling, Ring
 from .hierarchical import Hierarchical
 from .base import Finalize, Message, Phase, Reduction, chunk_offsets, no_phase
 from .registry import REGISTRY, SELECTABLE, broadcast_bytes, check_setting, choose
 
 __all__ = ["REGISTRY", "SELECTABLE", "CompressedRing", "Hierarchical", "InCycle", "MpiNative", "RecursiveDoubling", "Ring",
-           "SegmentChooser", "Finalize", "Message", "Phase", "Reduction", "broadcast_bytes", "check_setting",
+           "Finalize", "Message", "Phase", "Reduction", "broadcast_bytes", "check_setting",
            "choose", "chunk_offsets", "no_phase"]

@@ -8,18 +8,14 @@ it. Which one runs is `fastring.algorithms.registry.choose`.
 """
 from __future__ import annotations
 
-import time
-import weakref
-
 import numpy as np
 
 from .. import kernels
-from .._core.config import (SMALL_MESSAGE_BYTES, WIRE_SEGMENT_ELEMENTS,
-                            WIRE_SEGMENT_RETRY_CALLS, WIRE_STREAM_SEGMENT_ELEMENTS)
+from .._core.config import SMALL_MESSAGE_BYTES, WIRE_SEGMENT_ELEMENTS, WIRE_STREAM_SEGMENT_ELEMENTS
 from .._core.ops import KERNEL_OP, MPI_BOOL_OP, MPI_OP
 from .._transport import array_address, ring_reduce_scatter_to
 from .base import Message, Reduction, chunk_offsets, ring_segment
-from .choice import slowest
+from .choice import choice_of
 
 
 class InCycle:
@@ -87,18 +83,19 @@ class CompressedRing:
                 kernels.decode16(bits, dst, wire)
             return
         offsets = chunk_offsets(count, rt.size, 1)
-        chooser = _segment_choosers.setdefault(rt, SegmentChooser())
-        largest_chunk = -(-count // rt.size)
-        segment = chooser.segment(largest_chunk, dst.nbytes)
-        tmp = rt.scratch(6 * segment)  # three segments of 16-bit values
         steps = [kernels.wire_cfunc(step, wire, KERNEL_OP[op], acc) for step in kernels.WIRE_STEPS]
-        began = time.perf_counter()
-        with phase("reduce-scatter+allgather"):  # interleaved, segment by segment
-            rt.transport.ring_allreduce_wire(array_address(src), array_address(dst), offsets,
-                                             array_address(tmp), segment, *steps, acc.itemsize,
-                                             mul, div, post)
-        if chooser.learns(largest_chunk):
-            chooser.record(dst.nbytes, segment, slowest(rt, time.perf_counter() - began))
+
+        def ring(segment: int) -> None:
+            tmp = rt.scratch(6 * segment)  # three segments of 16-bit values
+            with phase("reduce-scatter+allgather"):  # interleaved, segment by segment
+                rt.transport.ring_allreduce_wire(array_address(src), array_address(dst), offsets,
+                                                 array_address(tmp), segment, *steps, acc.itemsize,
+                                                 mul, div, post)
+        small, large = WIRE_SEGMENT_ELEMENTS, WIRE_STREAM_SEGMENT_ELEMENTS
+        if -(-count // rt.size) > small:  # a chunk larger than the small segment: the choice matters
+            choice_of(rt, f"compressed ring segments {small}/{large}", (small, large)).run(rt, dst.nbytes, ring)
+        else:
+            ring(small)
 
 
 class MpiNative:
@@ -184,52 +181,3 @@ class Ring:
         with r.phase("allgather"):
             if rt.size > 1:
                 rt.transport.ring_allgather(array_address(flat), offsets)
-
-
-class SegmentChooser:
-    """The compressed ring's segment (WIRE_SEGMENT_ELEMENTS or WIRE_STREAM_SEGMENT_ELEMENTS,
-    see fastring._core.config) for each message size, by its power of two: each is tried once,
-    then the one with the lower smoothed time runs, and the other is tried again every
-    WIRE_SEGMENT_RETRY_CALLS calls. Every rank must feed it the same times (the slowest
-    rank's), so that all choose alike.
-
-    Example:
-        >>> c = SegmentChooser()
-        >>> first = c.segment(1 << 22, 1 << 26); c.record(1 << 26, first, 2.0)
-        >>> second = c.segment(1 << 22, 1 << 26); c.record(1 << 26, second, 1.0)
-        >>> (first, second, c.segment(1 << 22, 1 << 26)) == (262144, 4194304, 4194304)
-        True
-    """
-
-    def __init__(self) -> None:
-        # log2 bucket of the message's bytes -> [calls, smoothed seconds per candidate]
-        self._sizes: dict[int, list] = {}
-
-    @staticmethod
-    def candidates() -> tuple[int, int]:
-        return WIRE_SEGMENT_ELEMENTS, WIRE_STREAM_SEGMENT_ELEMENTS
-
-    def learns(self, chunk_elements: int) -> bool:
-        """Whether the choice matters: a chunk larger than the small segment."""
-        return chunk_elements > min(self.candidates())
-
-    def segment(self, chunk_elements: int, nbytes: int) -> int:
-        small, large = self.candidates()
-        if not self.learns(chunk_elements):
-            return small
-        calls, *seconds = self._sizes.setdefault(nbytes.bit_length(), [0, None, None])
-        if None in seconds:
-            return (small, large)[seconds.index(None)]
-        best = 0 if seconds[0] <= seconds[1] else 1
-        retry = calls % WIRE_SEGMENT_RETRY_CALLS == WIRE_SEGMENT_RETRY_CALLS - 1
-        return (small, large)[1 - best if retry else best]
-
-    def record(self, nbytes: int, segment: int, seconds: float) -> None:
-        entry = self._sizes.setdefault(nbytes.bit_length(), [0, None, None])
-        entry[0] += 1
-        i = 1 + self.candidates().index(segment)
-        entry[i] = seconds if entry[i] is None else 0.75 * entry[i] + 0.25 * seconds
-
-
-# One chooser per runtime (fastring.init may run again after shutdown).
-_segment_choosers: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()

@@ -23,7 +23,7 @@ def no_phase(name: str) -> ContextManager:
     return contextlib.nullcontext()
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: a frozen dataclass's __init__ cost 0.8 us of every choice
 class Message:
     """What the registry chooses an algorithm by: the collective, its size and dtype, where the
     tensors live, the wire format, and the runtime (rank count, hosts, single copy).
