@@ -410,6 +410,16 @@ def gather_fits(size: int) -> bool:
     return 8 * size * (1 + _gather_share(size)) <= SMALL_MESSAGE_BYTES
 
 
+def gathered_bytes(rt, reduced: np.ndarray, lengths: list) -> list | None:
+    """Every rank's bytes out of `reduced` (a sum of `gather_payload`s), uint8 views of it of
+    `lengths` bytes each, or None where one rank's did not fit in its share."""
+    n, share = rt.size, 8 * _gather_share(rt.size)
+    if max(lengths) > share:
+        return None
+    room = reduced.view(np.uint8)
+    return [room[8 * n + r * share:8 * n + r * share + lengths[r]] for r in range(n)]
+
+
 def allgather_reduced(rt, arr: np.ndarray, reduced: np.ndarray) -> np.ndarray:
     """Every rank's rows of `arr` concatenated, from the sum of the ranks' `gather_payload`s
     (their row counts as the words): out of it where every rank's rows fit there, else by

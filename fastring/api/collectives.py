@@ -31,8 +31,8 @@ from .._transport import is_c_contiguous
 from ..algorithms import InCycle, broadcast_bytes, chunk_offsets
 from ..algorithms.adasum import ADASUM_DTYPES, adasum_allreduce as _adasum
 from ..algorithms.collectives import (allgather_concat, allgather_reduced, allgather_rows, alltoall_rows, byte_offsets,
-                                      gather_counts, gather_fits, gather_payload, own_rows, reduce_scatter_rows,
-                                      rides_cycle, row_bytes)
+                                      gather_counts, gather_fits, gather_payload, gathered_bytes, own_rows,
+                                      reduce_scatter_rows, rides_cycle, row_bytes)
 from ..engine import Handle, Request
 from ..engine.engine import arrived
 from .process_sets import runtime_of, set_rank
@@ -640,8 +640,9 @@ def _length(word: int) -> int:
 
 def broadcast_object(obj: Any, root_rank: int = 0, name: str | None = None, process_set=None) -> Any:
     """Every rank receives a copy of `root_rank`'s picklable object (cloudpickle when it is
-    installed, else pickle); the root gets `obj` itself. Its size travels first, then its
-    bytes. If the root cannot pickle it, every rank raises FastringError with the reason.
+    installed, else pickle); the root gets `obj` itself. Its size travels first (with its
+    bytes, where they are few, in the negotiation cycle), then its bytes. If the root cannot
+    pickle it, every rank raises FastringError with the reason.
 
     Example:
         >>> import fastring
@@ -652,23 +653,38 @@ def broadcast_object(obj: Any, root_rank: int = 0, name: str | None = None, proc
     rt = runtime_of(process_set)
     name = request_name(rt, "broadcast_object", name)
     root = _root(root_rank, rt)
+    data, word = _serialize(obj) if rt.rank == root else (_NOTHING, 0)
 
-    def execute(rt: Runtime):
-        header = np.zeros(1, np.int64)
-        data = None
-        if rt.rank == root:
-            data, header[0] = _serialize(obj)
-        broadcast_bytes(rt, header, root)
-        word = int(header[0])
-        if rt.rank != root:
-            data = np.empty(_length(word), np.uint8)
-        broadcast_bytes(rt, data, root)
-        if word < 0:
+    def execute(rt: Runtime, reduced: np.ndarray | None = None):
+        # reduced: the root's size, and its bytes where they fit (gather_payload; the others' 0)
+        if reduced is None:
+            header = np.array([word], np.int64)
+            broadcast_bytes(rt, header, root)
+            got = int(header[0])
+        else:
+            got = int(reduced[root])
+        lengths = [_length(got) if r == root else 0 for r in range(rt.size)]
+        pieces = None if reduced is None else gathered_bytes(rt, reduced, lengths)
+        mine = data if rt.rank == root else np.empty(_length(got), np.uint8)
+        if pieces is None:
+            broadcast_bytes(rt, mine, root)
+        else:
+            mine = pieces[root]
+        if got < 0:
             raise FastringError(f"broadcast_object: rank {root} could not pickle the object: "
-                                f"{data.tobytes().decode('utf-8', 'replace')}")
-        return obj if rt.rank == root else pickle.loads(data)
+                                f"{mine.tobytes().decode('utf-8', 'replace')}")
+        return obj if rt.rank == root else pickle.loads(mine)
 
-    return _run(*_parts(rt, "broadcast_object", name, (("root_rank", root),), 0, execute))
+    return _run(*_parts(rt, "broadcast_object", name, (("root_rank", root),), 0, execute), _object_ride(rt, word, data))
+
+
+_NOTHING = np.empty(0, np.uint8)  # a broadcast_object's bytes on the ranks that only receive
+
+
+def _object_ride(rt: Runtime, word: int, data: np.ndarray) -> tuple | None:
+    """What rides an object collective's lean cycle: this rank's header word and, where they
+    fit, its pickled bytes (`gather_payload`)."""
+    return (gather_payload(rt, word, data), ReduceOp.Sum) if rt.size > 1 and gather_fits(rt.size) else None
 
 
 def allgather_object(obj: Any, name: str | None = None, process_set=None) -> list:
@@ -684,19 +700,22 @@ def allgather_object(obj: Any, name: str | None = None, process_set=None) -> lis
     """
     rt = runtime_of(process_set)
     name = request_name(rt, "allgather_object", name)
+    data, word = _serialize(obj)
 
-    def execute(rt: Runtime):
-        data, word = _serialize(obj)
-        words = gather_counts(rt, word)
-        lengths = np.array([_length(int(w)) for w in words], np.int64)
-        out = np.empty(int(lengths.sum()), np.uint8)
-        allgather_rows(rt, data, lengths, out)
-        bounds = byte_offsets(lengths, 1)
-        pieces = [out[bounds[r]:bounds[r + 1]] for r in range(rt.size)]
+    def execute(rt: Runtime, reduced: np.ndarray | None = None):
+        # reduced: every rank's size, and every rank's bytes where they fit (gather_payload)
+        words = (gather_counts(rt, word) if reduced is None else reduced[:rt.size]).tolist()
+        lengths = [_length(w) for w in words]
+        pieces = None if reduced is None else gathered_bytes(rt, reduced, lengths)
+        if pieces is None:
+            out = np.empty(sum(lengths), np.uint8)
+            allgather_rows(rt, data, np.array(lengths, np.int64), out)
+            bounds = byte_offsets(np.array(lengths, np.int64), 1)
+            pieces = [out[bounds[r]:bounds[r + 1]] for r in range(rt.size)]
         failed = [r for r in range(rt.size) if words[r] < 0]
         if failed:
             raise FastringError("allgather_object: could not pickle the object on " + "; ".join(
                 f"rank {r}: {pieces[r].tobytes().decode('utf-8', 'replace')}" for r in failed))
         return [pickle.loads(p) for p in pieces]
 
-    return _run(*_parts(rt, "allgather_object", name, (), 0, execute))
+    return _run(*_parts(rt, "allgather_object", name, (), 0, execute), _object_ride(rt, word, data))
