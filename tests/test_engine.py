@@ -188,7 +188,8 @@ def test_automatic_names_hash_apart_alike_on_every_process():
     """An automatic name's hash (its prefix and fields digested once, XOR its number): distinct
     numbers, prefixes and fields give distinct hashes; equal fields built anew give the same;
     another process (another PYTHONHASHSEED) gets the same; names that only look automatic
-    (a padded or non-ASCII number) are digested whole, so they do not alias a real one."""
+    (a padded or non-ASCII number) are digested whole, so they do not alias a real one, and a
+    name that spells an automatic one's prefix does not alias it either."""
     import subprocess
     import sys
 
@@ -203,7 +204,10 @@ def test_automatic_names_hash_apart_alike_on_every_process():
     assert neg.signature_hash("allreduce.noname.7", (("collective", "allreduce"), ("shape", (3,)))) == hashes[7]
     others = [neg.signature_hash("allgather.noname.7", fields), neg.signature_hash("allreduce.noname.7", fields[:1]),
               neg.signature_hash("allreduce.noname.07", fields), neg.signature_hash("allreduce.noname.\u0667", fields),
-              neg.signature_hash("allreduce.noname.7a", fields), neg.signature_hash("allreduce.7", fields)]
+              neg.signature_hash("allreduce.noname.7a", fields), neg.signature_hash("allreduce.7", fields),
+              neg.signature_hash("allreduce", fields), neg.signature_hash("allreduce.noname.", fields)]
+    # ...nor does an automatic name alias a name that spells its prefix (XOR 0 keeps the base)
+    assert neg.signature_hash("allreduce.noname.0", fields) not in others
     assert len(set(others)) == len(others) and not set(others) & set(hashes)
     code = ("import fastring; from fastring._core.runtime import runtime; fastring.init(); "
             "print(runtime().engine._neg.signature_hash('allreduce.noname.7', "

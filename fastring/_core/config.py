@@ -13,15 +13,17 @@ LOG_LEVELS = ("warning", "info", "debug")
 SMALL_MESSAGE_BYTES = 64 * 1024
 # A synchronous broadcast or reducescatter (its whole input) this small rides its negotiation
 # cycle too (the root's bytes summed with the others' zeros, the whole input reduced), so that
-# it costs one cycle instead of a cycle and a data phase: np=2, a 64 B broadcast 4.9 against
-# 7.0 us, 16 KiB 9.6 against 11.3; at 32-64 KiB the data phase was the faster (BENCHMARKS.md,
-# "Round 2, session 15").
+# it costs one cycle instead of a cycle and a data phase: np=2, a 64 B broadcast 4.6-5.1 us
+# against 7.1-8.1; switched within a launch, 16 KiB 7.7 against 8.4 and 9.5 against 11.1, while
+# at 32-64 KiB the data phase was the faster (BENCHMARKS.md, "Round 2, session 15").
 CYCLE_COLLECTIVE_MAX_BYTES = 16 * 1024
-# A synchronous allgather's cycle, which carries every rank's row count, also has room for
-# this many bytes of rows, CYCLE_GATHER_BYTES // size per rank: an allgather whose every rank's
-# rows fit needs no data phase. Every allgather's cycle carries the room, so it stays small: with
-# 1 KiB, allgathers too large for it took 1 us more (np=2, 4-64 KiB), with 256 B no more than
-# the noise (BENCHMARKS.md, "Round 2, session 15").
+# A synchronous allgather's cycle (and an object collective's), which carries every rank's row
+# count (or header word), also has room for this many bytes of rows: CYCLE_GATHER_BYTES // size
+# per rank in whole 8-byte words (128 B at np=2, 80 B at 3, none above 32 ranks). An allgather
+# whose every rank's rows fit needs no data phase. Every allgather's cycle carries the room, so
+# it stays small: with 1 KiB, allgathers too large for it took about 1 us more (np=2, 4-64
+# KiB); with 256 B a 4 KiB allgather took 9.6-9.9 us against 8.8-8.9 before the room, the
+# room and the call that reads it (BENCHMARKS.md, "Round 2, session 15").
 CYCLE_GATHER_BYTES = 256
 # The ring's reduce-scatter moves and reduces chunks in segments of this size, double
 # buffered: large enough that MPI round trips are few (MPICH's shared-memory copies run best

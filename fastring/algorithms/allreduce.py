@@ -92,7 +92,7 @@ class CompressedRing:
                                                  array_address(tmp), segment, *steps, acc.itemsize,
                                                  mul, div, post)
         small, large = WIRE_SEGMENT_ELEMENTS, WIRE_STREAM_SEGMENT_ELEMENTS
-        if -(-count // rt.size) > small:  # a chunk larger than the small segment: the choice matters
+        if -(-count // rt.size) > small and large != small:  # a chunk beyond the small segment: a choice
             choice_of(rt, f"compressed ring segments {small}/{large}", (small, large)).run(rt, dst.nbytes, ring)
         else:
             ring(small)

@@ -383,26 +383,26 @@ def gather_payload(rt, word: int, data: np.ndarray) -> np.ndarray:
     elsewhere. The sum holds every rank's word, and every rank's bytes where they fit
     (`allgather_reduced`), bit for bit."""
     n, share = rt.size, _gather_share(rt.size)
-    fits = data.nbytes <= 8 * share
+    copied = 0 < data.nbytes <= 8 * share  # else the word alone: the payload is kept
     key = (n, rt.rank, word)
-    payload = None if fits else _COUNTS_ONLY.get(key)
+    payload = None if copied else _COUNTS_ONLY.get(key)
     if payload is None:
         payload = np.zeros(n * (1 + share), np.int64)
         payload[rt.rank] = word
-        if fits:
+        if copied:
             at = array_address(payload) + 8 * (n + rt.rank * share)
             if not copy_from_array(at, data):
                 copy_from_array(at, np.ascontiguousarray(data))
-        elif len(_COUNTS_ONLY) < COUNTS_ONLY_KEPT:
+        elif (len(_COUNTS_ONLY) + 1) * payload.nbytes <= COUNTS_ONLY_BYTES:
             payload.flags.writeable = False
             _COUNTS_ONLY[key] = payload
     return payload
 
 
-# (ranks, rank, row count) -> the payload of rows that do not fit (read-only, shared: building
-# it cost a microsecond a call)
+# (ranks, rank, word) -> the payload of a word alone (read-only, shared: building it cost a
+# microsecond a call), up to COUNTS_ONLY_BYTES of them
 _COUNTS_ONLY: dict[tuple, np.ndarray] = {}
-COUNTS_ONLY_KEPT = 4096
+COUNTS_ONLY_BYTES = 4 << 20
 
 
 def gather_fits(size: int) -> bool:

@@ -40,14 +40,16 @@ from .base import Message, Reduction, chunk_offsets, ring_segment
 
 class Level:
     """One level of the hierarchy as the flat algorithms see a runtime: its transport, this
-    rank's place in it and the runtime's scratch buffer. Kept one per runtime and level, so
-    that what the compressed ring learns about segment sizes persists."""
+    rank's place in it, the runtime's scratch buffer, and its own timed choices (`choices`,
+    as a runtime's: the compressed ring's segment size, timed on this level's calls). Kept one
+    per runtime and level, so that what the compressed ring learns persists."""
 
-    __slots__ = ("transport", "rank", "size", "crosses_hosts", "_runtime", "_part", "__weakref__")
+    __slots__ = ("transport", "rank", "size", "crosses_hosts", "choices", "_runtime", "_part")
 
     def __init__(self, rt, transport, crosses_hosts: bool):
         self.transport, self.rank, self.size = transport, transport.rank, transport.size
         self.crosses_hosts = crosses_hosts
+        self.choices: dict = {}
         self._runtime = weakref.ref(rt)  # a strong one would keep `_hosts`' key alive forever
         self._part = np.empty(0, np.uint8)
 

@@ -269,7 +269,7 @@ class Engine:
                     req = self._speculate_lone(name, fields, request)
                 else:
                     reduced = np.empty(payload.shape, payload.dtype) if into is None else into
-                    h, reducer = self._lone_signature(name, fields, op, dtype or payload.dtype)
+                    h, reducer = self._lone_signature(name, fields, op, payload.dtype if dtype is None else dtype)
                     req = self._lone_payload(name, fields, h, payload, reduced, reducer, request)
             except BaseException as e:  # noqa: BLE001 - every waiter must hear of it
                 self._abandon(e)

@@ -36,6 +36,7 @@ LEFT_RANK_SHIFT = 8  # bit LEFT_RANK_SHIFT + r: rank r is shutting down (ranks b
 CACHE_CAPACITY = 1 << 14
 WORD_MASK = (1 << 64) - 1  # one uint64 word of a bit vector
 FIELD_DIGESTS_KEPT = 1024  # digests of recent fields tuples, a shortcut for repeated signatures
+AUTOMATIC_DOMAIN = b"automatic name"  # the digests of automatic names' prefixes (signature_hash)
 # Byte offset of the speculative payload in a cycle block with w bit-vector words.
 PAYLOAD_OFFSET = [8 * (HEADER_WORDS + 2 * w) for w in range(CACHE_CAPACITY // 64 + 1)]
 NO_PAYLOAD = (0, 1)  # (reduction cfunc, item size) of a cycle that carries no payload
@@ -156,12 +157,13 @@ class Negotiation:
             # An automatic name (Engine.auto_name) is never seen twice: its hash is the digest
             # of its prefix and fields, computed once, XOR its number (one number in its
             # shortest form per name, distinct numbers, distinct hashes), which spares a digest
-            # per call (a microsecond of every unnamed call and barrier).
+            # per call (a microsecond of every unnamed call and barrier). Its own digest
+            # domain keeps it apart from a name that spells its prefix (or prefix.noname.).
             known = self._automatic_digests.get(prefix)
             if known is not None and (known[0] is fields or known[0] == fields):
                 base = known[1]
             else:
-                base = self._digest(prefix, fields)
+                base = self._digest(prefix, fields, AUTOMATIC_DOMAIN)
                 self._automatic_digests = _kept(self._automatic_digests, prefix, (fields, base))
             return (base ^ int(number)) % (SPECULATION_FAILED - 1) + 1
         h = self._digest(name, fields) % (SPECULATION_FAILED - 1) + 1
@@ -169,13 +171,15 @@ class Negotiation:
             self._hashes[name] = (fields, h)
         return h
 
-    def _digest(self, name: str, fields: tuple) -> int:
-        """A 64-bit digest of (name, fields), keyed by a digest of the fields kept per fields."""
+    def _digest(self, name: str, fields: tuple, domain: bytes = b"") -> int:
+        """A 64-bit digest of (name, fields) in `domain` (blake2b's personalisation), keyed by
+        a digest of the fields kept per fields."""
         fields_digest = self._field_digests.get(fields)
         if fields_digest is None:
             fields_digest = hashlib.blake2b(repr(fields).encode(), digest_size=16).digest()
             self._field_digests = _kept(self._field_digests, fields, fields_digest)
-        return int.from_bytes(hashlib.blake2b(name.encode(), digest_size=8, key=fields_digest).digest(), "little")
+        digest = hashlib.blake2b(name.encode(), digest_size=8, key=fields_digest, person=domain).digest()
+        return int.from_bytes(digest, "little")
 
     def _size_block(self) -> None:
         """Set `words` from the cache's size, and grow the block to hold them and a payload

@@ -7,6 +7,10 @@ import fastring
 from fastring import Compression
 from fastring._core.config import PATH_TIMING_PERIOD_CALLS
 from fastring._core.runtime import runtime
+from fastring._core.dtypes import spec_of
+from fastring.algorithms.base import Reduction
+from fastring.algorithms.choice import TimedChoice
+from fastring.algorithms.hierarchical import Level
 
 fastring.init()
 N, R = c.SIZE, c.RANK
@@ -49,6 +53,21 @@ for comp in (Compression.fp16, Compression.bf16):
 # The ring runs segment by segment: chunks of many segments (the last one short), in place
 # or into out=, give the same bits as chunks of one segment.
 A = fastring.algorithms.allreduce
+
+
+class Counted(TimedChoice):
+    """A TimedChoice that remembers every way it picked."""
+
+    def __init__(self, ways):
+        super().__init__(ways)
+        self.picked = []
+
+    def pick(self, nbytes):
+        way, timed = super().pick(nbytes)
+        self.picked.append(way)
+        return way, timed
+
+
 default_segments = A.WIRE_SEGMENT_ELEMENTS, A.WIRE_STREAM_SEGMENT_ELEMENTS
 for comp in (Compression.fp16, Compression.bf16):
     x = (np.random.default_rng([11, R]).standard_normal(10007) * 100).astype(np.float32)
@@ -64,17 +83,30 @@ for comp in (Compression.fp16, Compression.bf16):
     # rank makes the same choices (or the exchanges would not match), and the bits never change.
     A.WIRE_SEGMENT_ELEMENTS, A.WIRE_STREAM_SEGMENT_ELEMENTS = 1000, 3000
     if N > 1:
-        runtime().choices.pop("compressed ring segments 1000/3000", None)
+        chooser = runtime().choices["compressed ring segments 1000/3000"] = Counted((1000, 3000))
         calls = PATH_TIMING_PERIOD_CALLS + 8  # the tries (each size warmed and timed twice), a period
         for k in range(calls):
             again = fastring.allreduce(x, compression=comp, prescale_factor=0.5, postscale_factor=3.0)
             c.check_close(f"{comp} chosen segments, call {k}", again, one, 0)
-        # every call went through the choice, whose first calls alternate the sizes; a jittery
-        # machine may have started its tries afresh since (no way chosen then), alike everywhere
-        learnt = runtime().choices["compressed ring segments 1000/3000"]._sizes[x.nbytes.bit_length()]
-        if learnt[0] != calls:
-            c.fail(f"{comp}: {learnt[0]} of {calls} calls went through the segment sizes' choice")
+        # every call went through the choice, whose first calls alternate the sizes (a jittery
+        # machine may have started its tries afresh since: alike everywhere)
+        if chooser.picked.count(1000) < 2 or chooser.picked.count(3000) < 2 or len(chooser.picked) != calls:
+            c.fail(f"{comp}: the segment sizes picked: {chooser.picked}")
+        learnt = chooser._sizes[x.nbytes.bit_length()]
         c.check_identical(f"{comp} chooser state", np.array([learnt[1] or 0, *sum(learnt[2], [])], np.float64))
+    # A level of the hierarchy (the cross-host phase runs the compressed ring on one) has its
+    # own timed choice: a chunk above the small segment there
+    if N > 1:
+        level = Level(runtime(), runtime().transport, True)
+        inputs = [(np.random.default_rng([12, r]).standard_normal(N * 1001) * 100).astype(np.float32)
+                  for r in range(N)]
+        through = [fastring.allreduce(inputs[R], op=fastring.Sum, compression=comp) for _ in range(2)]
+        for k in range(10):
+            flat = inputs[R].copy()
+            A.CompressedRing.run(level, Reduction(flat, spec_of("float32"), fastring.Sum, wire=comp.wire))
+            c.check_close(f"{comp} on a level, call {k}", flat, through[0], 0)
+        if not level.choices["compressed ring segments 1000/3000"]._sizes:
+            c.fail(f"{comp}: the level's choice of segment sizes learnt nothing")
     A.WIRE_SEGMENT_ELEMENTS, A.WIRE_STREAM_SEGMENT_ELEMENTS = default_segments
 
 # Averaging values near the fp16 maximum stays finite and exact (divide before the sum).
