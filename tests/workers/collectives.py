@@ -372,6 +372,9 @@ try:
         moved.clear()
         early = (fastring.broadcast_async(np.full(3, R), 0, name=f"queued bc {how}")
                  if how == "queued" and R == 0 else None)
+        mine = np.full(4, R, np.int32)  # in place, small enough to ride a lean cycle
+        fastring.broadcast(mine, N - 1, name=f"in place {how}", out=mine)
+        exact(f"small broadcast in place ({how})", mine, np.full(4, N - 1, np.int32), np.dtype(np.int32), fw=False)
         if fastring.broadcast_object(None) is not None:
             c.fail(f"broadcast_object of None ({how})")
         fastring.barrier()
@@ -380,12 +383,14 @@ try:
         if later is not None:
             exact(f"broadcast queued before a barrier {how}", later.wait(), np.zeros(3, np.int64), np.dtype(np.int64),
                   fw=False)
-        # lean on more than one rank, broadcast_object(None) rides its cycle whole (no
-        # broadcast); otherwise it moves its 8-byte header and then its bytes (two
-        # broadcasts), once; the queued broadcast moves 24 bytes
+        # lean on more than one rank, the small broadcast and broadcast_object(None) ride their
+        # cycles whole (no broadcast); otherwise the broadcast moves its 16 bytes, and
+        # broadcast_object its 8-byte header and then its bytes, once each; the queued
+        # broadcast moves 24 bytes
         queued = how == "queued"
         rides = N > 1 and not queued
-        if (moved != [] if rides else moved.count(8) != 1 or len(moved) != 2 + queued or moved.count(24) != queued):
+        if (moved != [] if rides else moved.count(8) != 1 or moved.count(16) != 1 or len(moved) != 3 + queued
+                or moved.count(24) != queued):
             c.fail(f"broadcasts of broadcast_object(None) and a barrier ({how}): {moved}")
 finally:
     api_collectives.broadcast_bytes = real_broadcast_bytes
