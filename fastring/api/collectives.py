@@ -94,10 +94,11 @@ def _request_of(rt: Runtime, kind: str, name: str, fields: tuple, nbytes: int, e
 def _run(rt: Runtime, kind: str, name: str, fields: tuple, nbytes: int, execute: Callable[..., Any],
          ride: tuple | None = None):
     """The synchronous form of a collective given as its parts: by the engine's lean path
-    (`Engine.lone_run`: no Request; `ride`, where given, is (payload, op, into): the payload
-    reduced over the ranks in the negotiation cycle, into `into` (None: a new array), and
-    handed to `execute(rt, reduced)`, else `execute(rt)`) when nothing is queued, otherwise
-    as the Request that the `_async` form submits (`execute(rt)`), waited for."""
+    (`Engine.lone_run`: no Request; `ride`, where given, is `lone_run`'s (payload, op[, into[,
+    dtype]]): the payload reduced over the ranks in the negotiation cycle by `op` over `dtype`'s
+    items (default its own), into `into` (default a new array), and handed to
+    `execute(rt, reduced)`, else `execute(rt)`) when nothing is queued, otherwise as the
+    Request that the `_async` form submits (`execute(rt)`), waited for."""
     def request(assigned: str) -> Request:
         return _request_of(rt, kind, assigned, fields, nbytes, execute)
 
