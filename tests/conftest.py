@@ -97,6 +97,32 @@ def _text(data: str | bytes | None) -> str:
     return data.decode(errors="replace") if isinstance(data, bytes) else data or ""
 
 
+# MPICH's process manager writes the host's topology into /tmp/hydra_hwloc_xmlfile_* for each
+# job and removes it as the job ends; a job whose launcher or proxy the tests kill leaves it
+# (about twenty a run of the suite, which piled up by the hundred). Removed when the session
+# ends, every job of it ended by then.
+HYDRA_TOPOLOGY = "/tmp/hydra_hwloc_xmlfile_"
+
+
+def _hydra_topology_files() -> set[str]:
+    folder, stem = os.path.split(HYDRA_TOPOLOGY)
+    try:
+        return {os.path.join(folder, f) for f in os.listdir(folder) if f.startswith(stem)}
+    except OSError:
+        return set()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def remove_hydra_topology_files():
+    before = _hydra_topology_files()
+    yield
+    for path in _hydra_topology_files() - before:
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
+
+
 @pytest.fixture
 def mpirun():
     """Run a worker on n ranks; fails the test with the workers' output unless it exits 0."""

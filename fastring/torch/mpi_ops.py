@@ -766,6 +766,7 @@ def start_timeline(file_path: str, mark_cycles: bool = False) -> None:
         >>> import fastring.torch as hvd
         >>> hvd.init()
         >>> hvd.start_timeline("/tmp/hvd-timeline.json"); hvd.stop_timeline()
+        >>> import os; os.remove("/tmp/hvd-timeline.json")
     """
     fastring.start_timeline(file_path)
 
