@@ -709,9 +709,10 @@ def allgather_object(obj: Any, name: str | None = None, process_set=None) -> lis
         lengths = [_length(w) for w in words]
         pieces = None if reduced is None else gathered_bytes(rt, reduced, lengths)
         if pieces is None:
+            counts = np.array(lengths, np.int64)
             out = np.empty(sum(lengths), np.uint8)
-            allgather_rows(rt, data, np.array(lengths, np.int64), out)
-            bounds = byte_offsets(np.array(lengths, np.int64), 1)
+            allgather_rows(rt, data, counts, out)
+            bounds = byte_offsets(counts, 1)
             pieces = [out[bounds[r]:bounds[r + 1]] for r in range(rt.size)]
         failed = [r for r in range(rt.size) if words[r] < 0]
         if failed:
