@@ -371,9 +371,11 @@ def reduce_scatter_rows(rt, arr: np.ndarray, work: AllreduceWork, counts: np.nda
     return out
 
 
-def _gather_share(size: int) -> int:
-    """Words of rows each rank has room for in an allgather's cycle (CYCLE_GATHER_BYTES)."""
-    return CYCLE_GATHER_BYTES // size // 8
+def _room(size: int) -> tuple[int, int]:
+    """(where the room for rows starts, the bytes of each rank's share of it) in an allgather's
+    cycle payload: `size` int64 words, then CYCLE_GATHER_BYTES // size per rank in whole
+    words."""
+    return 8 * size, 8 * (CYCLE_GATHER_BYTES // size // 8)
 
 
 def gather_payload(rt, word: int, data: np.ndarray) -> np.ndarray:
@@ -382,15 +384,15 @@ def gather_payload(rt, word: int, data: np.ndarray) -> np.ndarray:
     in this rank's share of the room that follows, where they fit (else nothing); zeros
     elsewhere. The sum holds every rank's word, and every rank's bytes where they fit
     (`allgather_reduced`), bit for bit."""
-    n, share = rt.size, _gather_share(rt.size)
-    copied = 0 < data.nbytes <= 8 * share  # else the word alone: the payload is kept
-    key = (n, rt.rank, word)
+    start, share = _room(rt.size)
+    copied = 0 < data.nbytes <= share  # else the word alone: the payload is kept
+    key = (rt.size, rt.rank, word)
     payload = None if copied else _COUNTS_ONLY.get(key)
     if payload is None:
-        payload = np.zeros(n * (1 + share), np.int64)
+        payload = np.zeros((start + rt.size * share) // 8, np.int64)
         payload[rt.rank] = word
         if copied:
-            at = array_address(payload) + 8 * (n + rt.rank * share)
+            at = array_address(payload) + start + rt.rank * share
             if not copy_from_array(at, data):
                 copy_from_array(at, np.ascontiguousarray(data))
         elif (len(_COUNTS_ONLY) + 1) * payload.nbytes <= COUNTS_ONLY_BYTES:
@@ -407,33 +409,32 @@ COUNTS_ONLY_BYTES = 4 << 20
 
 def gather_fits(size: int) -> bool:
     """Whether `gather_payload`s of `size` ranks fit in a cycle."""
-    return 8 * size * (1 + _gather_share(size)) <= SMALL_MESSAGE_BYTES
+    start, share = _room(size)
+    return start + size * share <= SMALL_MESSAGE_BYTES
 
 
 def gathered_bytes(rt, reduced: np.ndarray, lengths: list) -> list | None:
     """Every rank's bytes out of `reduced` (a sum of `gather_payload`s), uint8 views of it of
     `lengths` bytes each, or None where one rank's did not fit in its share."""
-    n, share = rt.size, 8 * _gather_share(rt.size)
+    start, share = _room(rt.size)
     if max(lengths) > share:
         return None
     room = reduced.view(np.uint8)
-    return [room[8 * n + r * share:8 * n + r * share + lengths[r]] for r in range(n)]
+    return [room[start + r * share:start + r * share + length] for r, length in enumerate(lengths)]
 
 
 def allgather_reduced(rt, arr: np.ndarray, reduced: np.ndarray) -> np.ndarray:
     """Every rank's rows of `arr` concatenated, from the sum of the ranks' `gather_payload`s
     (their row counts as the words): out of it where every rank's rows fit there, else by
     `allgather_concat` with the counts it holds."""
-    n, share = rt.size, 8 * _gather_share(rt.size)
-    counts = reduced[:n]
-    if arr.nbytes > share:  # this rank's rows did not fit, at least
-        return allgather_concat(rt, arr, counts)[1]
+    start, share = _room(rt.size)
+    counts = reduced[:rt.size]
     unit = row_bytes(arr)
-    rows = counts.tolist()
-    if max(rows) * unit > share:
+    rows = None if arr.nbytes > share else counts.tolist()  # this rank's did not fit, at least
+    if rows is None or max(rows) * unit > share:
         return allgather_concat(rt, arr, counts)[1]
     out = np.empty((sum(rows),) + arr.shape[1:], arr.dtype)
-    gather_strided(out, array_address(reduced) + 8 * n, share, [r * unit for r in rows])
+    gather_strided(out, array_address(reduced) + start, share, [r * unit for r in rows])
     return out
 
 
