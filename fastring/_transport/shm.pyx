@@ -34,8 +34,9 @@ chunk it was working on, and the others take the rest of the work.
 Broadcasts stream instead (`stream_broadcast`): the root copies its bytes
 into its ring piece by piece and publishes after each how far it got, and every other rank
 copies each piece out once published and publishes how far it has read, which is what the root
-waits for before it reuses ring space. The position is counted in bytes of every streamed
-broadcast so far, alike on every rank, so no call needs a barrier to start or end. Outputs of
+waits for before it reuses ring space. The position is counted alike on every rank, each call
+starting at the ring's start past the last one's end (`_stream_begin`), so no call needs a
+barrier to start or end. Outputs of
 SHM_STREAMING_STORE_BYTES and more are written with streaming stores (`copy_streaming`).
 Allgathers and alltoalls up to SHM_STREAM_EXCHANGE_MAX_BYTES of output stream the same way
 (`_stream_exchange`), every rank at once, each writing into its own ring and reading the
@@ -386,7 +387,8 @@ cdef class SharedSegment:
     cdef uint64_t claimed      # where the claim counter stands when every rank is between calls
     cdef int64_t chunk         # bytes per claimed chunk of a single-copy call
     cdef int64_t stream_off, stream_piece, large_piece, ring
-    cdef uint64_t streamed     # the stream position: bytes every streamed broadcast so far moved
+    cdef uint64_t streamed     # the stream position: where the last streamed call ended
+    cdef uint64_t stream_start, stream_data_end  # `_stream_begin`
     cdef uint64_t piped        # tiles every pipelined allreduce so far ran (`_pipeline`)
     # Where single copy starts (SHM_SINGLE_COPY_BYTES, SHM_ALLREDUCE_SINGLE_COPY_BYTES); tests
     # lower them, on every rank alike, to run small messages that way.
@@ -1232,22 +1234,17 @@ cdef class SharedSegment:
         # large pieces where the readers write with streaming stores: fewer hand-overs, and no
         # cache for a smaller piece to stay in
         cdef int64_t step = self.large_piece if streaming else self.stream_piece, piece
-        # Every rank counts the same stream position; each call starts on a piece boundary,
-        # so that no piece straddles the end of the ring.
-        cdef uint64_t start = <uint64_t> _align(<int64_t> self.streamed, step)
+        cdef uint64_t start = self._stream_begin(nbytes)
         cdef uint64_t end = start + <uint64_t> nbytes, at
         cdef Link* link = &self.transport.link
         cdef char* ring_base = self.base + self.stream_off + root * self.tile
-        self.streamed = end
         try:
             with nogil:
                 at = start
                 while at < end:
                     piece = min(step, <int64_t> (end - at))
                     if self.rank == root:
-                        if at + piece > <uint64_t> ring:  # ring space the readers must have left
-                            self._await(STREAM_READ, at + piece - ring, -1, root,
-                                        link.spin, link.interval, link.hook)
+                        self._await_ring_space(at, piece)
                         fr_copy(ring_base + at % ring, <char*> buf + (at - start), piece)
                         self._publish(STREAM_SENT, at + piece)
                     else:
@@ -1259,6 +1256,35 @@ cdef class SharedSegment:
         except BaseException:
             self._failed()
             raise
+
+    cdef inline uint64_t _stream_begin(self, uint64_t length) noexcept nogil:
+        """Start a streamed call of `length` stream bytes; returns its first stream position,
+        the same on every rank: the first past the last call's that falls at the start of the
+        ring. So no piece straddles the ring's end, and a call writes the ring memory that
+        the call before it wrote, still in the cache: starting where the last call ended, a
+        1 MiB broadcast found its quarter of the 4 MiB ring cold, and the broadcast's timed
+        choice, which warms a way with one call before it times one, measured the stream at
+        53-106 µs against 33 once warm and took the single copy's 42 (BENCHMARKS.md, "Round
+        2, session 16")."""
+        if self.streamed > self.stream_start:  # the last call moved bytes: they end there
+            self.stream_data_end = self.streamed
+        self.stream_start = <uint64_t> _align(<int64_t> self.streamed, self.ring)
+        self.streamed = self.stream_start + length
+        return self.stream_start
+
+    cdef int _await_ring_space(self, uint64_t p, int64_t piece) except -1 nogil:
+        """Before this rank writes the piece of stream position `p` into its ring: wait until
+        every other rank has read what that ring space last held, the bytes a ring's length
+        earlier, or, where those fall between the last bytes streamed and this call's start
+        (`_stream_begin`), the last bytes streamed."""
+        cdef Link* link = &self.transport.link
+        cdef uint64_t until = p + <uint64_t> piece
+        if until <= <uint64_t> self.ring:
+            return 0
+        until -= <uint64_t> self.ring
+        if until <= self.stream_start:
+            until = min(until, self.stream_data_end)
+        return self._await(STREAM_READ, until, -1, self.rank, link.spin, link.interval, link.hook)
 
     cdef int _exchange_write(self, const int64_t* io, bint per_dest, uint64_t p, int64_t off, int64_t w,
                              bint streaming) except -1 nogil:
@@ -1277,8 +1303,8 @@ cdef class SharedSegment:
             k = min(w, io[2 * r + 1] - off)
             if k <= 0:
                 continue
-            if not wrote and p + <uint64_t> piece > <uint64_t> ring:  # ring space the others must have left
-                self._await(STREAM_READ, p + piece - ring, -1, me, link.spin, link.interval, link.hook)
+            if not wrote:
+                self._await_ring_space(p, piece)
             wrote = True
             t = (r - me - 1 + n) % n if per_dest else 0
             fr_copy(mine + p % ring + t * w, <const char*> io[2 * r] + off, k)
@@ -1307,12 +1333,11 @@ cdef class SharedSegment:
         cdef int64_t piece = self.large_piece, ring = self.ring
         cdef int64_t w = piece // slots // LINE * LINE, k, off
         cdef int64_t steps = (most + w - 1) // w
-        cdef uint64_t start = <uint64_t> _align(<int64_t> self.streamed, piece), p
+        cdef uint64_t start = self._stream_begin(<uint64_t> (steps * piece)), p
         cdef Link* link = &self.transport.link
         cdef char* own_dst = <char*> io[4 * n + 2]
         cdef const char* own_src = <const char*> io[4 * n]
         cdef int64_t own_len = io[4 * n + 1], s
-        self.streamed = start + <uint64_t> (steps * piece)
         # writing ahead of its reading, a rank that is held up a moment still finds its peers'
         # next pieces published (SHM_STREAM_EXCHANGE_LEAD_PIECES); never more than the ring holds
         cdef int64_t lead = min(_EXCHANGE_LEAD, ring // piece - 1)

@@ -273,13 +273,21 @@ def collectives_loops(tag, large):
 def streamed_broadcasts(tag):
     """SharedSegment.stream_broadcast: every root in turn, back to back with no barrier
     between them (so a root may refill ring space a slower reader has only just freed):
-    empty, one byte, a piece and one byte either side, odd sizes, more than the ring (it wraps
-    within one call), several calls of most of a ring in a row; then bad arguments."""
+    empty, one byte, then an allgather of nothing through the rings (a streamed call starts at
+    the ring's start: the next root must wait for the reads of the byte before it, not of the
+    bytes the stream skipped, which no rank reads), a piece and one byte either side, odd
+    sizes, more than the ring (it wraps within one call), several calls of most of a ring in a
+    row; then bad arguments."""
     piece = SHM_STREAM_PIECE_BYTES
     ring = shm.tile_bytes
-    sizes = [0, 1, piece - 1, piece, piece + 1, 3 * piece + 13, 2 * ring + 5 * piece + 3] + [ring - 7] * 3
+    sizes = [0, 1, None, piece - 1, piece, piece + 1, 3 * piece + 13, 2 * ring + 5 * piece + 3] + [ring - 7] * 3
     results = []
     for k, nbytes in enumerate(sizes):
+        if nbytes is None:
+            nothing = np.empty(0, np.uint8)
+            counts, _ = shm.allgather_rows(array_address(nothing), 0, 8, lambda counts: nothing)
+            c.check_close(f"empty streamed allgather {tag}", counts, np.zeros(N, np.int64), 0)
+            continue
         root = k % N
         expect = ((np.arange(nbytes, dtype=np.int64) * 31 + 7 * k + root) % 251).astype(np.uint8)
         buf = expect.copy() if R == root else np.full(nbytes, 255, np.uint8)
