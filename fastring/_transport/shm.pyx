@@ -34,9 +34,8 @@ chunk it was working on, and the others take the rest of the work.
 Broadcasts stream instead (`stream_broadcast`): the root copies its bytes
 into its ring piece by piece and publishes after each how far it got, and every other rank
 copies each piece out once published and publishes how far it has read, which is what the root
-waits for before it reuses ring space. The position is counted alike on every rank, each call
-starting at the ring's start past the last one's end (`_stream_begin`), so no call needs a
-barrier to start or end. Outputs of
+waits for before it reuses ring space. The position is counted alike on every rank
+(`_stream_begin`), so no call needs a barrier to start or end. Outputs of
 SHM_STREAMING_STORE_BYTES and more are written with streaming stores (`copy_streaming`).
 Allgathers and alltoalls up to SHM_STREAM_EXCHANGE_MAX_BYTES of output stream the same way
 (`_stream_exchange`), every rank at once, each writing into its own ring and reading the
@@ -79,7 +78,7 @@ from .._core.config import (MPI_SEGMENT_PREFIX, SHM_ACTIVE_SPIN_SECONDS, SHM_ALL
                             SHM_PIECES_ROUND_BYTES, SHM_PIECES_SINGLE_COPY_BYTES, SHM_PIPELINE_TILE_BYTES, SHM_REDUCESCATTER_ROUND_BYTES,
                             SHM_SINGLE_COPY_BYTES,
                             SHM_SINGLE_COPY_CHUNK_BYTES, SHM_STREAM_EXCHANGE_LEAD_PIECES, SHM_STREAM_EXCHANGE_MAX_BYTES,
-                            SHM_STREAM_LARGE_PIECE_BYTES, SHM_STREAM_PIECE_BYTES,
+                            SHM_STREAM_LARGE_PIECE_BYTES, SHM_STREAM_PIECE_BYTES, SHM_STREAM_RESTART_BYTES,
                             SHM_STREAMING_STORE_BYTES, WAIT_CYCLE_SPIN_SECONDS)
 from .._core.errors import FastringError
 from .._core.pool import Arena
@@ -234,6 +233,7 @@ cdef double _CYCLE_SPIN = WAIT_CYCLE_SPIN_SECONDS
 cdef double _HOT_SPIN = SHM_HOT_SPIN_SECONDS
 cdef double _ACTIVE_SPIN = SHM_ACTIVE_SPIN_SECONDS
 cdef int64_t _EXCHANGE_LEAD = SHM_STREAM_EXCHANGE_LEAD_PIECES
+cdef int64_t _STREAM_RESTART = SHM_STREAM_RESTART_BYTES
 cdef int64_t _PIECES_ROUND = SHM_PIECES_ROUND_BYTES
 
 
@@ -1234,7 +1234,7 @@ cdef class SharedSegment:
         # large pieces where the readers write with streaming stores: fewer hand-overs, and no
         # cache for a smaller piece to stay in
         cdef int64_t step = self.large_piece if streaming else self.stream_piece, piece
-        cdef uint64_t start = self._stream_begin(nbytes)
+        cdef uint64_t start = self._stream_begin(nbytes, step)
         cdef uint64_t end = start + <uint64_t> nbytes, at
         cdef Link* link = &self.transport.link
         cdef char* ring_base = self.base + self.stream_off + root * self.tile
@@ -1257,18 +1257,15 @@ cdef class SharedSegment:
             self._failed()
             raise
 
-    cdef inline uint64_t _stream_begin(self, uint64_t length) noexcept nogil:
-        """Start a streamed call of `length` stream bytes; returns its first stream position,
-        the same on every rank: the first past the last call's that falls at the start of the
-        ring. So no piece straddles the ring's end, and a call writes the ring memory that
-        the call before it wrote, still in the cache: starting where the last call ended, a
-        1 MiB broadcast found its quarter of the 4 MiB ring cold, and the broadcast's timed
-        choice, which warms a way with one call before it times one, measured the stream at
-        53-106 µs against 33 once warm and took the single copy's 42 (BENCHMARKS.md, "Round
-        2, session 16")."""
+    cdef inline uint64_t _stream_begin(self, uint64_t length, int64_t piece) noexcept nogil:
+        """Start a streamed call of `length` stream bytes in pieces of `piece`; returns its
+        first stream position, the same on every rank: the first past the last call's on a
+        piece boundary (so no piece straddles the ring's end), or from SHM_STREAM_RESTART_BYTES
+        the first at the start of the ring."""
         if self.streamed > self.stream_start:  # the last call moved bytes: they end there
             self.stream_data_end = self.streamed
-        self.stream_start = <uint64_t> _align(<int64_t> self.streamed, self.ring)
+        self.stream_start = <uint64_t> _align(<int64_t> self.streamed,
+                                              self.ring if <int64_t> length >= _STREAM_RESTART else piece)
         self.streamed = self.stream_start + length
         return self.stream_start
 
@@ -1276,7 +1273,7 @@ cdef class SharedSegment:
         """Before this rank writes the piece of stream position `p` into its ring: wait until
         every other rank has read what that ring space last held, the bytes a ring's length
         earlier, or, where those fall between the last bytes streamed and this call's start
-        (`_stream_begin`), the last bytes streamed."""
+        (which `_stream_begin` may move up to the ring's start), the last bytes streamed."""
         cdef Link* link = &self.transport.link
         cdef uint64_t until = p + <uint64_t> piece
         if until <= <uint64_t> self.ring:
@@ -1333,7 +1330,7 @@ cdef class SharedSegment:
         cdef int64_t piece = self.large_piece, ring = self.ring
         cdef int64_t w = piece // slots // LINE * LINE, k, off
         cdef int64_t steps = (most + w - 1) // w
-        cdef uint64_t start = self._stream_begin(<uint64_t> (steps * piece)), p
+        cdef uint64_t start = self._stream_begin(<uint64_t> (steps * piece), piece), p
         cdef Link* link = &self.transport.link
         cdef char* own_dst = <char*> io[4 * n + 2]
         cdef const char* own_src = <const char*> io[4 * n]

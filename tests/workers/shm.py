@@ -36,7 +36,8 @@ import _common as c
 import fastring
 from fastring._core.config import (SHM_CYCLE_STREAMING_BYTES, SHM_ONE_STEP_BYTES, SHM_PIECES_ROUND_BYTES, SHM_PIPELINE_TILE_BYTES,
                                    SHM_SINGLE_COPY_CHUNK_BYTES, SHM_STREAM_EXCHANGE_MAX_BYTES,
-                                   SHM_STREAM_LARGE_PIECE_BYTES, SHM_STREAM_PIECE_BYTES, SHM_STREAMING_STORE_BYTES,
+                                   SHM_STREAM_LARGE_PIECE_BYTES, SHM_STREAM_PIECE_BYTES, SHM_STREAM_RESTART_BYTES,
+                                   SHM_STREAMING_STORE_BYTES,
                                    SHM_STORE_WAYS, SHM_TILE_BYTES, SHM_TIMED_CHOICE_MIN_BYTES)
 from fastring._core.runtime import runtime
 from fastring._transport import CYCLE_HEADER_WORDS, SPECULATION_FAILED, array_address
@@ -273,14 +274,14 @@ def collectives_loops(tag, large):
 def streamed_broadcasts(tag):
     """SharedSegment.stream_broadcast: every root in turn, back to back with no barrier
     between them (so a root may refill ring space a slower reader has only just freed):
-    empty, one byte, then an allgather of nothing through the rings (a streamed call starts at
-    the ring's start: the next root must wait for the reads of the byte before it, not of the
-    bytes the stream skipped, which no rank reads), a piece and one byte either side, odd
-    sizes, more than the ring (it wraps within one call), several calls of most of a ring in a
-    row; then bad arguments."""
+    empty, one byte, then an allgather of nothing through the rings, then a call that starts at
+    the ring's start (SHM_STREAM_RESTART_BYTES: its root must wait for the reads of the byte,
+    not of the positions the stream skipped, which no rank reads, nor of the empty call's), a
+    piece and one byte either side, odd sizes, more than the ring (it wraps within one call),
+    several calls of most of a ring in a row; then bad arguments."""
     piece = SHM_STREAM_PIECE_BYTES
     ring = shm.tile_bytes
-    sizes = [0, 1, None, piece - 1, piece, piece + 1, 3 * piece + 13, 2 * ring + 5 * piece + 3] + [ring - 7] * 3
+    sizes = [0, 1, None, SHM_STREAM_RESTART_BYTES + 3, piece - 1, piece, piece + 1, 3 * piece + 13, 2 * ring + 5 * piece + 3] + [ring - 7] * 3
     results = []
     for k, nbytes in enumerate(sizes):
         if nbytes is None:
