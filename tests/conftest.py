@@ -44,7 +44,8 @@ def run_ranks(n: int, worker: str, *args: str, env: dict | None = None, timeout:
     cmd = [MPIEXEC, "-n", str(n), *launcher.guard_command(program)]
     # MPICH's segment outlives ranks that end without MPI_Finalize and before fastring's init
     # unlinks it (MPI_Abort, killed): removed after the job, as fastring-run does (_run).
-    segments, job = launcher.mpi_segments(), f"run_ranks-{os.getpid()}-{time.monotonic_ns()}"
+    segments, topology = launcher.mpi_segments(), launcher.topology_files()
+    job = f"run_ranks-{os.getpid()}-{time.monotonic_ns()}"
     full_env = dict(os.environ, PYTHONUNBUFFERED="1", **(env or {}))
     full_env[launcher.JOB_ENV] = job
     proc = launcher.start_job(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=full_env)
@@ -60,6 +61,7 @@ def run_ranks(n: int, worker: str, *args: str, env: dict | None = None, timeout:
         raise
     finally:
         launcher.remove_unmapped_segments(segments, job=job)
+        launcher.remove_topology_files(topology, job=job)
     if expect_rc is not None and proc.returncode != expect_rc:
         pytest.fail(f"{worker} {' '.join(map(str, args))} on {n} ranks exited {proc.returncode} "
                     f"(expected {expect_rc})\n--- stdout\n{out}\n--- stderr\n{err}")
@@ -97,30 +99,15 @@ def _text(data: str | bytes | None) -> str:
     return data.decode(errors="replace") if isinstance(data, bytes) else data or ""
 
 
-# MPICH's process manager writes the host's topology into /tmp/hydra_hwloc_xmlfile_* for each
-# job and removes it as the job ends; a job whose launcher or proxy the tests kill leaves it
-# (about twenty a run of the suite, which piled up by the hundred). Removed when the session
-# ends, every job of it ended by then.
-HYDRA_TOPOLOGY = "/tmp/hydra_hwloc_xmlfile_"
-
-
-def _hydra_topology_files() -> set[str]:
-    folder, stem = os.path.split(HYDRA_TOPOLOGY)
-    try:
-        return {os.path.join(folder, f) for f in os.listdir(folder) if f.startswith(stem)}
-    except OSError:
-        return set()
-
-
+# MPICH's process manager writes the host's topology into a file for each job and removes it
+# as the job ends; a job whose launcher or proxy the tests kill leaves it (about twenty a run of
+# the suite, which piled up by the hundred). `run_ranks` removes its jobs', fastring-run its
+# own; those of the other jobs (simulated hosts' hydra) go when the session ends.
 @pytest.fixture(scope="session", autouse=True)
-def remove_hydra_topology_files():
-    before = _hydra_topology_files()
+def remove_topology_files():
+    before = launcher.topology_files()
     yield
-    for path in _hydra_topology_files() - before:
-        try:
-            os.unlink(path)
-        except OSError:
-            pass
+    launcher.remove_topology_files(before)
 
 
 @pytest.fixture

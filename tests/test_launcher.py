@@ -178,7 +178,7 @@ STOPPING = "fastring-run: rank 1 exited with code {}; stopping the job"
     ("before-mpi", 2, 1, ["RuntimeError: rank 1 failed before MPI", STOPPING.format(1)]),
 ])
 def test_a_failing_rank_ends_the_job(how, np_, code, words):
-    segments = launcher.mpi_segments()
+    segments, topology = launcher.mpi_segments(), launcher.topology_files()
     proc, took, mark = run_failing(how, np_)
     assert proc.returncode == code, proc.stderr
     for word in words:
@@ -187,6 +187,8 @@ def test_a_failing_rank_ends_the_job(how, np_, code, words):
     assert survivors(mark) == ""
     # MPICH keeps its segment's name until MPI_Finalize, which these ranks never reach
     assert launcher.mpi_segments() - segments == set()
+    # and the proxy that hydra kills leaves its topology file
+    assert launcher.topology_files() - topology == set()
 
 
 def test_segments_left_unmapped_are_removed(tmp_path):
@@ -202,6 +204,30 @@ def test_segments_left_unmapped_are_removed(tmp_path):
     with open(mapped, "r+b") as f, mmap.mmap(f.fileno(), 4096):  # a live process maps it
         assert launcher.remove_unmapped_segments(before, prefix) == [str(left)]
     assert old.exists() and mapped.exists() and not left.exists()
+
+
+def test_topology_files_left_are_removed_unless_another_job_runs(tmp_path, monkeypatch):
+    prefix = str(tmp_path / "hydra_hwloc_xmlfile_")
+    old, left = tmp_path / "hydra_hwloc_xmlfile_old", tmp_path / "hydra_hwloc_xmlfile_left"
+    old.write_text("<topology/>")
+    before = launcher.topology_files(prefix)
+    assert before == {str(old)}
+    left.write_text("<topology/>")
+    proxy = str(os.getpid())  # this process plays a running proxy of the job "its job"
+    environment = [b"PATH=/bin", f"{launcher.JOB_ENV}=its job".encode()]
+    monkeypatch.setattr(launcher, "_comm", lambda pid: "hydra_pmi_proxy" if str(pid) == proxy else "")
+    monkeypatch.setattr(launcher, "_environment", lambda pid: environment if str(pid) == proxy else [])
+    # another job's proxy may still be reading its file: nothing goes
+    assert launcher.remove_topology_files(before, prefix, job="this job") == []
+    assert launcher.remove_topology_files(before, prefix) == []
+    assert left.exists()
+    # the proxy is the finished job's own
+    assert launcher.remove_topology_files(before, prefix, job="its job") == [str(left)]
+    assert old.exists() and not left.exists()
+    # a proxy that is exiting has no environment left
+    left.write_text("<topology/>")
+    environment.clear()
+    assert launcher.remove_topology_files(before, prefix, job="this job") == [str(left)]
 
 
 def test_a_rank_exiting_during_the_cleanup_does_not_keep_its_segment(tmp_path, monkeypatch):

@@ -217,6 +217,10 @@ SHM_RESULTS_BYTES = 64 << 20
 # it in `init` (fastring/_transport/shm.pyx, `unlink_mapped`), and fastring-run removes those a
 # job left unmapped (a rank killed before `init`, a program without fastring).
 MPI_SEGMENT_PREFIX = "/dev/shm/mpich_shm_"
+# Where MPICH's process manager writes the host's topology for each job's ranks: its proxy
+# removes the file when it ends, but not when it is killed, as it is when a failing rank stops
+# the job; fastring-run removes those a job left (fastring/tools/launcher.py).
+HYDRA_TOPOLOGY_PREFIX = "/tmp/hydra_hwloc_xmlfile_"
 # A wait on the segment spins on loads this long (a peer in step arrives within microseconds),
 # then yields its core between loads until its spin time (WAIT_*_SPIN_SECONDS below) is up: on
 # a loaded machine the peer may be queued behind this very core, and a round barrier that

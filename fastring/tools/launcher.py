@@ -514,14 +514,56 @@ def _segment_prefix(prefix: str | None) -> str:
     return MPI_SEGMENT_PREFIX
 
 
-def mpi_segments(prefix: str | None = None) -> set[str]:
-    """The paths of MPI's shared-memory segments (their names start with `prefix`, by default
-    MPICH's: fastring/_core/config.py)."""
-    folder, stem = os.path.split(_segment_prefix(prefix))
+def _topology_prefix(prefix: str | None) -> str:
+    if prefix is not None:
+        return prefix
+    from fastring._core.config import HYDRA_TOPOLOGY_PREFIX  # here: see _segment_prefix
+    return HYDRA_TOPOLOGY_PREFIX
+
+
+def _named(prefix: str) -> set[str]:
+    """The paths of the files whose names start with `prefix` (a folder, then a name's start)."""
+    folder, stem = os.path.split(prefix)
     try:
         return {os.path.join(folder, f) for f in os.listdir(folder) if f.startswith(stem)}
     except OSError:
         return set()
+
+
+def mpi_segments(prefix: str | None = None) -> set[str]:
+    """The paths of MPI's shared-memory segments (their names start with `prefix`, by default
+    MPICH's: fastring/_core/config.py)."""
+    return _named(_segment_prefix(prefix))
+
+
+def topology_files(prefix: str | None = None) -> set[str]:
+    """The paths of the topology files MPICH's process manager wrote for its jobs (their names
+    start with `prefix`, by default HYDRA_TOPOLOGY_PREFIX: fastring/_core/config.py)."""
+    return _named(_topology_prefix(prefix))
+
+
+def remove_topology_files(before: set[str], prefix: str | None = None, job: str | None = None) -> list[str]:
+    """Unlink the topology files that appeared since `before` (`topology_files`) and return
+    their paths: a job's proxy removes its own as it ends, but not when it is killed, as it is
+    when a failing rank stops the job. None while a proxy of any other job than `job` (JOB_ENV)
+    runs, whose ranks may still be reading theirs (a proxy that is exiting, its environment
+    gone with its memory, reads nothing more).
+
+    Example:
+        >>> remove_topology_files(set(), prefix="/nonexistent/hydra_hwloc_xmlfile_")
+        []
+    """
+    from fastring._core.shm_files import unlink_each  # here: see _segment_prefix
+
+    def another_jobs_proxy(pid: int) -> bool:
+        if _comm(pid) != "hydra_pmi_proxy":
+            return False
+        environment = _environment(pid)
+        return bool(environment) and (job is None or f"{JOB_ENV}={job}".encode() not in environment)
+    new = topology_files(prefix) - before
+    if not new or any(another_jobs_proxy(int(pid)) for pid in os.listdir("/proc") if pid.isdigit()):
+        return []
+    return unlink_each(new)
 
 
 def remove_unmapped_segments(before: set[str], prefix: str | None = None,
@@ -557,18 +599,24 @@ def remove_unmapped_segments(before: set[str], prefix: str | None = None,
     return unlink_each(new - mapped)
 
 
-def _in_job(pid: int, job: str) -> bool:
+def _environment(pid: int) -> list[bytes]:
+    """Process `pid`'s environment as NAME=value entries (none once it is gone or exiting)."""
     try:
         with open(f"/proc/{pid}/environ", "rb") as f:
-            return f"{JOB_ENV}={job}".encode() in f.read().split(b"\0")
+            return [entry for entry in f.read().split(b"\0") if entry]
     except OSError:
-        return False
+        return []
+
+
+def _in_job(pid: int, job: str) -> bool:
+    return f"{JOB_ENV}={job}".encode() in _environment(pid)
 
 
 def _run(cmd: list[str], env: dict[str, str]) -> int:
     """Run the job; on SIGINT/SIGTERM stop every rank and return 128 + the signal. MPI
-    segments the job left behind are removed after it (`remove_unmapped_segments`)."""
-    segments, job = mpi_segments(), f"{os.getpid()}-{time.monotonic_ns()}"
+    segments and topology files the job left behind are removed after it
+    (`remove_unmapped_segments`, `remove_topology_files`)."""
+    segments, topology, job = mpi_segments(), topology_files(), f"{os.getpid()}-{time.monotonic_ns()}"
     env = {**env, JOB_ENV: job}
     # Blocked until the handlers are set, so a Ctrl-C while the job starts is handled like
     # any other: it arrives at the unblocking below, inside the try.
@@ -593,6 +641,7 @@ def _run(cmd: list[str], env: dict[str, str]) -> int:
         for s, handler in previous.items():
             signal.signal(s, handler)
         remove_unmapped_segments(segments, job=job)
+        remove_topology_files(topology, job=job)
 
 
 if __name__ == "__main__":
