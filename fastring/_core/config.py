@@ -150,13 +150,14 @@ SHM_STREAM_PIECE_BYTES = 64 * 1024
 # for the peers' flags (16 MiB broadcast 430 against 481 us with 64 KiB pieces; allgather
 # 1 MiB 60 against 67 us, 16 MiB 2072 against 2583 us: BENCHMARKS.md, issue 18, session 5).
 SHM_STREAM_LARGE_PIECE_BYTES = 512 * 1024
-# A streamed call of this many bytes or more starts at the start of the ring; a smaller one
-# where the last one ended. Back at the ring's start a call writes the ring memory the call
-# before it wrote, still in the cache, but a smaller call finds those lines in the readers'
-# own caches too, which the root's writes must take back from them: at 256 KiB, np=2, 47
-# against 33 us a call; at 1 MiB the lines had left them, and starting where the last call
-# ended found its part of the ring cold: a stream run after 30 single copies, as a timed choice
-# tries it, 60-75 against 47-49 us (BENCHMARKS.md, "Round 2, session 16").
+# A streamed call in which a rank writes this many bytes or more into its ring starts at the
+# start of the ring; a smaller one where the last one ended. Back at the ring's start a call
+# writes the ring memory that the last such call wrote, still in the cache, but after a
+# smaller call the readers' own caches still hold those lines, which the writer must take back
+# from them: at 256 KiB, np=2, 47 against 33 us a call; at 1 MiB the lines had left them, and
+# starting where the last call ended found its part of the ring cold: a stream run after 30
+# single copies, as a timed choice tries it, 66-75 against 45-49 us (BENCHMARKS.md, "Round 2,
+# session 16").
 SHM_STREAM_RESTART_BYTES = 1 << 20
 # Broadcasts up to this size stream (up to SHM_STREAMING_STORE_BYTES the readers' copies out
 # of the ring stay in the cache; from it they take streaming stores); above it the single-copy

@@ -1219,7 +1219,8 @@ cdef class SharedSegment:
     def stream_broadcast(self, uintptr_t buf, int64_t nbytes, int root):
         """Broadcast the `nbytes` at `buf` on rank `root` into `buf` on every other rank,
         through the root's stream ring: the root copies the bytes into its ring in pieces of
-        SHM_STREAM_PIECE_BYTES, publishing how far it got after each, and every other rank
+        SHM_STREAM_PIECE_BYTES (SHM_STREAM_LARGE_PIECE_BYTES where the readers write with
+        streaming stores), publishing how far it got after each, and every other rank
         copies each piece out as soon as it is published and publishes how far it has read,
         which frees ring space for the root's later pieces. No barrier: the readers copy
         while the root writes, and each rank waits only for the piece, or the ring space, it
@@ -1234,7 +1235,7 @@ cdef class SharedSegment:
         # large pieces where the readers write with streaming stores: fewer hand-overs, and no
         # cache for a smaller piece to stay in
         cdef int64_t step = self.large_piece if streaming else self.stream_piece, piece
-        cdef uint64_t start = self._stream_begin(nbytes, step)
+        cdef uint64_t start = self._stream_begin(nbytes, step, nbytes)
         cdef uint64_t end = start + <uint64_t> nbytes, at
         cdef Link* link = &self.transport.link
         cdef char* ring_base = self.base + self.stream_off + root * self.tile
@@ -1257,15 +1258,16 @@ cdef class SharedSegment:
             self._failed()
             raise
 
-    cdef inline uint64_t _stream_begin(self, uint64_t length, int64_t piece) noexcept nogil:
-        """Start a streamed call of `length` stream bytes in pieces of `piece`; returns its
-        first stream position, the same on every rank: the first past the last call's on a
-        piece boundary (so no piece straddles the ring's end), or from SHM_STREAM_RESTART_BYTES
-        the first at the start of the ring."""
+    cdef inline uint64_t _stream_begin(self, uint64_t length, int64_t piece, int64_t moved) noexcept nogil:
+        """Start a streamed call of `length` stream bytes in pieces of `piece`, in which a rank
+        writes at most `moved` bytes into its ring (all three the same on every rank); returns
+        its first stream position, the same on every rank: the first past the last call's on a
+        piece boundary (so no piece straddles the ring's end), or, where `moved` is
+        SHM_STREAM_RESTART_BYTES or more, the first at the start of the ring."""
         if self.streamed > self.stream_start:  # the last call moved bytes: they end there
             self.stream_data_end = self.streamed
         self.stream_start = <uint64_t> _align(<int64_t> self.streamed,
-                                              self.ring if <int64_t> length >= _STREAM_RESTART else piece)
+                                              self.ring if moved >= _STREAM_RESTART else piece)
         self.streamed = self.stream_start + length
         return self.stream_start
 
@@ -1291,7 +1293,6 @@ cdef class SharedSegment:
         cache."""
         cdef int n = self.size, me = self.rank, r, t
         cdef int64_t piece = self.large_piece, ring = self.ring, k
-        cdef Link* link = &self.transport.link
         cdef char* mine = self.base + self.stream_off + me * self.tile
         cdef bint wrote = False
         for r in range(n if per_dest else 1):
@@ -1330,7 +1331,7 @@ cdef class SharedSegment:
         cdef int64_t piece = self.large_piece, ring = self.ring
         cdef int64_t w = piece // slots // LINE * LINE, k, off
         cdef int64_t steps = (most + w - 1) // w
-        cdef uint64_t start = self._stream_begin(<uint64_t> (steps * piece), piece), p
+        cdef uint64_t start = self._stream_begin(<uint64_t> (steps * piece), piece, most * slots), p
         cdef Link* link = &self.transport.link
         cdef char* own_dst = <char*> io[4 * n + 2]
         cdef const char* own_src = <const char*> io[4 * n]

@@ -542,12 +542,36 @@ def topology_files(prefix: str | None = None) -> set[str]:
     return _named(_topology_prefix(prefix))
 
 
+# The processes of MPICH's process manager: both write a job's topology file.
+HYDRA_PROCESSES = ("hydra_pmi_proxy", "mpiexec", "mpiexec.hydra")
+
+
+def another_job_runs(job: str | None = None) -> bool:
+    """Whether a process of MPICH's process manager (HYDRA_PROCESSES) runs on this host for
+    another job than `job` (JOB_ENV; None: for any job). One that is exiting, its environment
+    gone with its memory, does not count; one whose environment this process may not read
+    does.
+
+    Example:
+        >>> another_job_runs("no such job") in (True, False)
+        True
+    """
+    for pid in _pids():
+        if _comm(pid) in HYDRA_PROCESSES:
+            try:
+                environment = _environment(pid)
+            except PermissionError:
+                return True
+            if environment and (job is None or _job_entry(job) not in environment):
+                return True
+    return False
+
+
 def remove_topology_files(before: set[str], prefix: str | None = None, job: str | None = None) -> list[str]:
     """Unlink the topology files that appeared since `before` (`topology_files`) and return
-    their paths: a job's proxy removes its own as it ends, but not when it is killed, as it is
-    when a failing rank stops the job. None while a proxy of any other job than `job` (JOB_ENV)
-    runs, whose ranks may still be reading theirs (a proxy that is exiting, its environment
-    gone with its memory, reads nothing more).
+    their paths: a job's process manager removes its own as the job ends, but not when it is
+    killed, as it is when a failing rank stops the job. Removes nothing while another job
+    runs (`another_job_runs`), whose ranks may still be reading theirs.
 
     Example:
         >>> remove_topology_files(set(), prefix="/nonexistent/hydra_hwloc_xmlfile_")
@@ -555,13 +579,8 @@ def remove_topology_files(before: set[str], prefix: str | None = None, job: str 
     """
     from fastring._core.shm_files import unlink_each  # here: see _segment_prefix
 
-    def another_jobs_proxy(pid: int) -> bool:
-        if _comm(pid) != "hydra_pmi_proxy":
-            return False
-        environment = _environment(pid)
-        return bool(environment) and (job is None or f"{JOB_ENV}={job}".encode() not in environment)
     new = topology_files(prefix) - before
-    if not new or any(another_jobs_proxy(int(pid)) for pid in os.listdir("/proc") if pid.isdigit()):
+    if not new or another_job_runs(job):
         return []
     return unlink_each(new)
 
@@ -585,31 +604,48 @@ def remove_unmapped_segments(before: set[str], prefix: str | None = None,
     if not new:
         return []
     mapped = set()
-    for pid in os.listdir("/proc"):
-        if pid.isdigit():
-            maps = f"/proc/{pid}/maps"
+    for pid in _pids():
+        maps = f"/proc/{pid}/maps"
+        found = mapped_under(prefix, maps) & new
+        if found and job is not None:
+            if _in_job(pid, job):
+                continue
+            # A rank of the job that was exiting has an empty environment once its memory
+            # is gone, and then its maps are empty too: read them again after it.
             found = mapped_under(prefix, maps) & new
-            if found and job is not None:
-                if _in_job(int(pid), job):
-                    continue
-                # A rank of the job that was exiting has an empty environment once its memory
-                # is gone, and then its maps are empty too: read them again after it.
-                found = mapped_under(prefix, maps) & new
-            mapped |= found
+        mapped |= found
     return unlink_each(new - mapped)
 
 
-def _environment(pid: int) -> list[bytes]:
-    """Process `pid`'s environment as NAME=value entries (none once it is gone or exiting)."""
+def _pids() -> list[int]:
+    """Every process's pid, from /proc (none without it)."""
     try:
-        with open(f"/proc/{pid}/environ", "rb") as f:
-            return [entry for entry in f.read().split(b"\0") if entry]
+        return [int(name) for name in os.listdir("/proc") if name.isdigit()]
     except OSError:
         return []
 
 
+def _environment(pid: int) -> list[bytes]:
+    """Process `pid`'s environment as NAME=value entries (none once it is gone or exiting);
+    PermissionError where this process may not read it."""
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            return [entry for entry in f.read().split(b"\0") if entry]
+    except PermissionError:
+        raise
+    except OSError:
+        return []
+
+
+def _job_entry(job: str) -> bytes:
+    return f"{JOB_ENV}={job}".encode()
+
+
 def _in_job(pid: int, job: str) -> bool:
-    return f"{JOB_ENV}={job}".encode() in _environment(pid)
+    try:
+        return _job_entry(job) in _environment(pid)
+    except PermissionError:
+        return False
 
 
 def _run(cmd: list[str], env: dict[str, str]) -> int:
