@@ -33,6 +33,10 @@ import time
 RANK_FLAG = "--as-rank"
 GRACE_ENV = "FASTRING_EXIT_GRACE"
 JOB_ENV = "FASTRING_RUN_JOB"  # names the job in its ranks' environment (remove_unmapped_segments)
+# The processes of MPICH's process manager: its proxy (the ranks' parent) and mpiexec, both of
+# which write a job's topology file (remove_topology_files).
+HYDRA_PROXY = "hydra_pmi_proxy"
+HYDRA_PROCESSES = (HYDRA_PROXY, "mpiexec", "mpiexec.hydra")
 DEFAULT_GRACE = 2.0
 _STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 _PYTHON_NAME = re.compile(r"python(\d+(\.\d+)*)?$")
@@ -439,7 +443,7 @@ def _descendants(root: int) -> list[tuple[int, str, bool]]:
     found, todo = [], [root]
     while todo:
         parent = todo.pop()
-        is_rank = _comm(parent) == "hydra_pmi_proxy"
+        is_rank = _comm(parent) == HYDRA_PROXY
         for pid, start in children.get(parent, ()):
             found.append((pid, start, is_rank))
             todo.append(pid)
@@ -540,10 +544,6 @@ def topology_files(prefix: str | None = None) -> set[str]:
     """The paths of the topology files MPICH's process manager wrote for its jobs (their names
     start with `prefix`, by default HYDRA_TOPOLOGY_PREFIX: fastring/_core/config.py)."""
     return _named(_topology_prefix(prefix))
-
-
-# The processes of MPICH's process manager: both write a job's topology file.
-HYDRA_PROCESSES = ("hydra_pmi_proxy", "mpiexec", "mpiexec.hydra")
 
 
 def another_job_runs(job: str | None = None) -> bool:
