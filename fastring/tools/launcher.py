@@ -435,11 +435,10 @@ def _comm(pid: int) -> str:
 def _descendants(root: int) -> list[tuple[int, str, bool]]:
     """(pid, start time, is a rank) of every process below `root`, from /proc (empty without it)."""
     children: dict[int, list[tuple[int, str]]] = {}
-    for name in os.listdir("/proc") if os.path.isdir("/proc") else ():
-        if name.isdigit():
-            fields = _stat(int(name))
-            if fields is not None:
-                children.setdefault(int(fields[1]), []).append((int(name), fields[19]))
+    for pid in _pids():
+        fields = _stat(pid)
+        if fields is not None:
+            children.setdefault(int(fields[1]), []).append((pid, fields[19]))
     found, todo = [], [root]
     while todo:
         parent = todo.pop()
