@@ -287,3 +287,33 @@ def test_pool_from_a_full_arena_frees_its_unreferenced_buffers_for_a_new_size():
     assert arena.holds(c) and pool.kept() == (2, size_class(300 * KIB) + size_class(600 * KIB))
     d = pool.empty((600 * KIB,), np.uint8)  # b and c are held: nothing to drop
     assert not arena.holds(d)
+
+
+@pytest.mark.parametrize("phase", [0, 16, 48, 2064, 4095])
+def test_phase_places_a_buffer_at_that_offset_in_a_page(phase):
+    # A result at its source's offset in a page (config.COPY_PHASE_BYTES): the same buffer
+    # serves each phase and the default alignment in turn, and never while held.
+    pool = Pool()
+    a = pool.empty((1 << 14,), np.float32, phase=phase)
+    assert a.ctypes.data % config.COPY_PHASE_BYTES == phase and a.nbytes == 1 << 16
+    a[:] = 5.0
+    base = owner(a).ctypes.data
+    held = pool.empty((1 << 14,), np.float32, phase=phase + 4 * config.COPY_PHASE_BYTES)  # an address
+    assert owner(held).ctypes.data != base and held.ctypes.data % config.COPY_PHASE_BYTES == phase
+    assert (a == 5.0).all()
+    del a
+    b = pool.empty((1 << 14,), np.float32, phase=(phase + 32) % config.COPY_PHASE_BYTES)
+    assert owner(b).ctypes.data == base
+    assert b.ctypes.data % config.COPY_PHASE_BYTES == (phase + 32) % config.COPY_PHASE_BYTES
+    del b
+    c = pool.empty((1 << 14,), np.float32)
+    assert owner(c).ctypes.data == base and c.ctypes.data % config.POOL_ALIGN_BYTES == 0
+
+
+def test_an_arena_block_without_room_for_the_phase_starts_on_its_page():
+    import mmap
+    pool = Pool(arena=_pool.Arena(mmap.mmap(-1, 1 << 20), 0, 1 << 20), min_bytes=0)  # as the results area
+    fits = pool.empty((KIB - 4,), np.float32, phase=16)  # a 4,096-byte block, 16 bytes to spare
+    assert pool.arena.holds(fits) and fits.ctypes.data % 4096 == 16
+    whole = pool.empty((64 * KIB,), np.uint8, phase=16)  # a block of exactly that size
+    assert pool.arena.holds(whole) and whole.ctypes.data % 4096 == 0 and whole.nbytes == 64 * KIB

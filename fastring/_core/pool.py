@@ -25,8 +25,8 @@ from collections import OrderedDict
 
 import numpy as np
 
-from .config import (ARENA_BLOCK_BYTES, POOL_ALIGN_BYTES, POOL_CLASSES_PER_OCTAVE, POOL_MAX_BYTES, POOL_MAX_ENTRIES,
-                     POOL_MIN_BYTES, POOL_PER_SIZE)
+from .config import (ARENA_BLOCK_BYTES, COPY_PHASE_BYTES, POOL_ALIGN_BYTES, POOL_CLASSES_PER_OCTAVE, POOL_MAX_BYTES,
+                     POOL_MAX_ENTRIES, POOL_MIN_BYTES, POOL_PER_SIZE)
 
 _getrefcount = sys.getrefcount
 # A class spans 1/POOL_CLASSES_PER_OCTAVE of its power of two: the request's bit length less
@@ -113,24 +113,28 @@ class Arena:
 
 class _Slot:
     """One pooled buffer and the view of it last handed out (reused while the caller asks
-    for the same shape and dtype, so the hot path builds no array).
+    for the same shape, dtype and phase, so the hot path builds no array).
 
-    `base` is the allocation of `size` (the size class) bytes and more: POOL_ALIGN_BYTES
-    more from the heap, or a block of an Arena, which starts on a page; views start at
-    `start`, its first aligned byte.
+    `base` is the allocation of `size` (the size class) bytes and more: COPY_PHASE_BYTES more
+    from the heap, so that a view may start at any offset in a page, or a block of an Arena,
+    which starts on a page. A view starts at the key's phase where the allocation has the
+    room (always on the heap), else on the first POOL_ALIGN_BYTES boundary.
     """
-    __slots__ = ("base", "start", "view", "key", "size")
+    __slots__ = ("base", "view", "key", "size")
 
     def __init__(self, size: int, key: tuple, base: np.ndarray | None = None) -> None:
-        self.base = np.empty(size + POOL_ALIGN_BYTES, np.uint8) if base is None else base
+        self.base = np.empty(size + COPY_PHASE_BYTES, np.uint8) if base is None else base
         self.size = size
-        self.start = -self.base.ctypes.data % POOL_ALIGN_BYTES
         self.view_as(key)
 
     def view_as(self, key: tuple) -> None:
-        shape, dtype = key
+        shape, dtype, phase = key
         nbytes = dtype.itemsize * math.prod(shape)
-        self.view, self.key = self.base[self.start:self.start + nbytes].view(dtype).reshape(shape), key
+        address = self.base.ctypes.data
+        start = -address % POOL_ALIGN_BYTES
+        if phase is not None and (phase - address) % COPY_PHASE_BYTES + nbytes <= self.base.size:
+            start = (phase - address) % COPY_PHASE_BYTES
+        self.view, self.key = self.base[start:start + nbytes].view(dtype).reshape(shape), key
 
 
 # A slot is free when only the pool references its buffer and view. Counted by getrefcount
@@ -171,27 +175,33 @@ class Pool:
         self.max_bytes, self.max_entries, self.arena = max_bytes, max_entries, arena
         self.per_size, self.min_bytes = per_size, min_bytes
         self._by_size: dict[int, list[_Slot]] = {}
-        self._by_key: dict[tuple, _Slot] = {}  # (shape, dtype) -> a slot viewed so: the hot path
+        self._by_key: dict[tuple, _Slot] = {}  # (shape, dtype, phase) -> a slot viewed so: the hot path
         self._lru: OrderedDict[_Slot, None] = OrderedDict()  # least recently used first
         self._bytes = 0
         self._lock = threading.Lock()
 
-    def empty(self, shape, dtype) -> np.ndarray:
+    def empty(self, shape, dtype, phase: int | None = None) -> np.ndarray:
         """Like np.empty, but a pooled buffer of the request's size class that nothing
-        references any more is reused (as a view) instead of freshly allocated.
+        references any more is reused (as a view) instead of freshly allocated. It starts
+        on a POOL_ALIGN_BYTES boundary, or given `phase` (an address, or 0 to
+        COPY_PHASE_BYTES - 1) at the same offset in a page as that address, where the
+        result is copied from memory that lies so (config.COPY_PHASE_BYTES says why); an
+        Arena's block may lack the room for that, and then starts on a page.
 
         Example:
             >>> pool = Pool()
             >>> a = pool.empty((1 << 15,), np.float32); address = a.ctypes.data; del a
             >>> pool.empty((1 << 15,), np.float32).ctypes.data == address
             True
+            >>> pool.empty((1 << 15,), np.float32, phase=16).ctypes.data % 4096
+            16
         """
         dtype = dtype if isinstance(dtype, np.dtype) else np.dtype(dtype)  # the callers' usual case, at a quarter of the cost
         shape = tuple(shape)
         nbytes = dtype.itemsize * math.prod(shape)
         if nbytes < self.min_bytes:
             return np.empty(shape, dtype)
-        key = (shape, dtype)
+        key = (shape, dtype, None if phase is None else phase % COPY_PHASE_BYTES)
         with self._lock:
             # The hot path, a shape asked for again: its last buffer, if free, as it was.
             slot = self._by_key.get(key)
@@ -203,7 +213,7 @@ class Pool:
 
     def _reuse_or_add(self, key: tuple, nbytes: int) -> np.ndarray:
         """A free buffer of the request's size class, viewed as `key` says; else a new one."""
-        shape, dtype = key
+        shape, dtype, _ = key
         if dtype.hasobject:  # object arrays cannot view bytes
             return np.empty(shape, dtype)
         size = size_class(nbytes)

@@ -341,7 +341,6 @@ def reduce_scatter_rows(rt, arr: np.ndarray, work: AllreduceWork, counts: np.nda
     rows = chunk_offsets(arr.shape[0], rt.size, 1) if counts is None else byte_offsets(counts, 1)
     offsets = rows * row_bytes(arr)
     total = int(offsets[-1])
-    out = _pool.empty((int(rows[rt.rank + 1] - rows[rt.rank]),) + arr.shape[1:], arr.dtype)
     by_segment = rt.shm is not None and total <= SHM_REDUCESCATTER_MAX_BYTES
     # Scratch: for the ring, two chunks; then, when the input must be scaled first, a copy of it.
     scaled_at = 0 if by_segment else -(-2 * int(np.diff(offsets).max()) // 64) * 64
@@ -354,6 +353,11 @@ def reduce_scatter_rows(rt, arr: np.ndarray, work: AllreduceWork, counts: np.nda
         prescale(work, src.reshape(-1), rt.size)
     elif not is_c_contiguous(arr):
         src = np.ascontiguousarray(arr)
+    # On two ranks the ring receives the peer's part of its input straight into `out`, at full
+    # speed where `out` starts at the same offset in a page as that part
+    # (config.COPY_PHASE_BYTES; the ranks' inputs lie alike, so this rank's own part says where).
+    out = _pool.empty((int(rows[rt.rank + 1] - rows[rt.rank]),) + arr.shape[1:], arr.dtype,
+                      None if by_segment else array_address(src) + int(offsets[rt.rank]))
     reduce_fn = kernels.reduce_cfunc(KERNEL_OP[op], spec.dtype)
     if total and by_segment:
         def reduce_scatter(streaming: bool) -> None:

@@ -34,7 +34,8 @@ import numpy as np
 
 import _common as c
 import fastring
-from fastring._core.config import (SHM_CYCLE_STREAMING_BYTES, SHM_ONE_STEP_BYTES, SHM_PIECES_ROUND_BYTES, SHM_PIPELINE_TILE_BYTES,
+from fastring._core.config import (COPY_PHASE_BYTES, SHM_CYCLE_STREAMING_BYTES, SHM_ONE_STEP_BYTES, SHM_PIECES_ROUND_BYTES,
+                                   SHM_PIPELINE_TILE_BYTES,
                                    SHM_SINGLE_COPY_CHUNK_BYTES, SHM_STREAM_EXCHANGE_MAX_BYTES,
                                    SHM_STREAM_LARGE_PIECE_BYTES, SHM_STREAM_PIECE_BYTES, SHM_STREAM_RESTART_BYTES,
                                    SHM_STREAMING_STORE_BYTES,
@@ -43,6 +44,7 @@ from fastring._core.runtime import runtime
 from fastring._transport import CYCLE_HEADER_WORDS, SPECULATION_FAILED, array_address
 from fastring._transport.shm import copy_streaming
 from fastring import kernels
+from fastring.algorithms import collectives
 from fastring.algorithms.shm import SharedMemory
 from fastring.api import collectives as api_collectives
 from fastring.engine.engine import Engine
@@ -412,6 +414,22 @@ def counted_allgathers(tag):
                       fastring.reducescatter(xs[R], op=fastring.Sum, name="rs segment"),
                       whole[bounds[R]:bounds[R + 1]], 0)
     shm.reduce_scatter_round_bytes = saved
+    # past SHM_REDUCESCATTER_MAX_BYTES the ring, which receives the peer's part straight into
+    # the result: it starts at the offset in a page of this rank's part of the input
+    # (config.COPY_PHASE_BYTES), the input here 16 bytes into a page plus a row per rank
+    saved = collectives.SHM_REDUCESCATTER_MAX_BYTES
+    collectives.SHM_REDUCESCATTER_MAX_BYTES = 0
+    held = np.empty(xs[R].nbytes + 8192, np.uint8)
+    x = held[(16 * (R + 1) - held.ctypes.data) % 4096:][:xs[R].nbytes].view(np.int32).reshape(xs[R].shape)
+    x[:] = xs[R]
+    try:
+        got = fastring.reducescatter(x, op=fastring.Sum, name="rs ring")
+    finally:
+        collectives.SHM_REDUCESCATTER_MAX_BYTES = saved
+    c.check_close(f"reducescatter by the ring {tag}", got, whole[bounds[R]:bounds[R + 1]], 0)
+    c.CHECKS.check((got.ctypes.data - x[bounds[R]:].ctypes.data) % COPY_PHASE_BYTES == 0,
+                   f"the ring's reducescatter result starts at {got.ctypes.data % COPY_PHASE_BYTES} in a page, "
+                   f"its part of the input at {x[bounds[R]:].ctypes.data % COPY_PHASE_BYTES}")
 
 
 def counted_alltoall(rows_to, dtype, seed, name, strided=False):
