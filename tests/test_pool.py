@@ -289,25 +289,34 @@ def test_pool_from_a_full_arena_frees_its_unreferenced_buffers_for_a_new_size():
     assert not arena.holds(d)
 
 
-@pytest.mark.parametrize("phase", [0, 16, 48, 2064, 4095])
-def test_phase_places_a_buffer_at_that_offset_in_a_page(phase):
-    # A result at its source's offset in a page (config.COPY_PHASE_BYTES): the same buffer
-    # serves each phase and the default alignment in turn, and never while held.
+@pytest.mark.parametrize("phase", [0, 16, 48, 4096 + 16, 12 * 4096 + 60])
+def test_phase_places_a_buffer_at_that_offset_modulo_its_boundary(phase):
+    # A result lying as its source does (config.COPY_PHASE_BYTES): the same buffer serves each
+    # phase and the default alignment in turn, and never while held.
+    boundary = config.COPY_PHASE_BYTES
     pool = Pool()
     a = pool.empty((1 << 14,), np.float32, phase=phase)
-    assert a.ctypes.data % config.COPY_PHASE_BYTES == phase and a.nbytes == 1 << 16
+    assert a.ctypes.data % boundary == phase % boundary and a.nbytes == 1 << 16
     a[:] = 5.0
     base = owner(a).ctypes.data
-    held = pool.empty((1 << 14,), np.float32, phase=phase + 4 * config.COPY_PHASE_BYTES)  # an address
-    assert owner(held).ctypes.data != base and held.ctypes.data % config.COPY_PHASE_BYTES == phase
+    held = pool.empty((1 << 14,), np.float32, phase=phase)
+    assert owner(held).ctypes.data != base and held.ctypes.data % boundary == phase % boundary
+    held[:] = 7.0
     assert (a == 5.0).all()
     del a
-    b = pool.empty((1 << 14,), np.float32, phase=(phase + 32) % config.COPY_PHASE_BYTES)
-    assert owner(b).ctypes.data == base
-    assert b.ctypes.data % config.COPY_PHASE_BYTES == (phase + 32) % config.COPY_PHASE_BYTES
+    other = (phase + 24) % boundary
+    b = pool.empty((1 << 14,), np.float32, phase=other)
+    assert owner(b).ctypes.data == base and b.ctypes.data % boundary == other
     del b
     c = pool.empty((1 << 14,), np.float32)
     assert owner(c).ctypes.data == base and c.ctypes.data % config.POOL_ALIGN_BYTES == 0
+    assert (held == 7.0).all()
+
+
+def test_phase_keeps_the_dtype_aligned():
+    pool = Pool()
+    assert pool.empty((1 << 13,), np.float64, phase=20).ctypes.data % 64 == 16
+    assert pool.empty((1 << 16,), np.uint8, phase=21).ctypes.data % 64 == 21
 
 
 def test_an_arena_block_without_room_for_the_phase_starts_on_its_page():

@@ -29,6 +29,8 @@ from .config import (ARENA_BLOCK_BYTES, COPY_PHASE_BYTES, POOL_ALIGN_BYTES, POOL
                      POOL_MAX_ENTRIES, POOL_MIN_BYTES, POOL_PER_SIZE)
 
 _getrefcount = sys.getrefcount
+# What a heap buffer holds beyond its size class: room to start its views on any boundary
+_SPARE_BYTES = max(POOL_ALIGN_BYTES, COPY_PHASE_BYTES)
 # A class spans 1/POOL_CLASSES_PER_OCTAVE of its power of two: the request's bit length less
 # this many bits is the log2 of the class step.
 _CLASS_BITS = POOL_CLASSES_PER_OCTAVE.bit_length()
@@ -115,25 +117,25 @@ class _Slot:
     """One pooled buffer and the view of it last handed out (reused while the caller asks
     for the same shape, dtype and phase, so the hot path builds no array).
 
-    `base` is the allocation of `size` (the size class) bytes and more: COPY_PHASE_BYTES more
-    from the heap, so that a view may start at any offset in a page, or a block of an Arena,
-    which starts on a page. A view starts at the key's phase where the allocation has the
-    room (always on the heap), else on the first POOL_ALIGN_BYTES boundary.
+    `base` is the allocation of `size` (the size class) bytes and more: _SPARE_BYTES more from
+    the heap, or a block of an Arena, which starts on a page. A view starts on the first
+    POOL_ALIGN_BYTES boundary, or at the key's phase where the allocation has the room for
+    it (always on the heap).
     """
-    __slots__ = ("base", "view", "key", "size")
+    __slots__ = ("base", "address", "view", "key", "size")
 
     def __init__(self, size: int, key: tuple, base: np.ndarray | None = None) -> None:
-        self.base = np.empty(size + COPY_PHASE_BYTES, np.uint8) if base is None else base
+        self.base = np.empty(size + _SPARE_BYTES, np.uint8) if base is None else base
+        self.address = self.base.ctypes.data
         self.size = size
         self.view_as(key)
 
     def view_as(self, key: tuple) -> None:
         shape, dtype, phase = key
         nbytes = dtype.itemsize * math.prod(shape)
-        address = self.base.ctypes.data
-        start = -address % POOL_ALIGN_BYTES
-        if phase is not None and (phase - address) % COPY_PHASE_BYTES + nbytes <= self.base.size:
-            start = (phase - address) % COPY_PHASE_BYTES
+        start = -self.address % POOL_ALIGN_BYTES
+        if phase is not None and (phase - self.address) % COPY_PHASE_BYTES + nbytes <= self.base.size:
+            start = (phase - self.address) % COPY_PHASE_BYTES
         self.view, self.key = self.base[start:start + nbytes].view(dtype).reshape(shape), key
 
 
@@ -183,17 +185,17 @@ class Pool:
     def empty(self, shape, dtype, phase: int | None = None) -> np.ndarray:
         """Like np.empty, but a pooled buffer of the request's size class that nothing
         references any more is reused (as a view) instead of freshly allocated. It starts
-        on a POOL_ALIGN_BYTES boundary, or given `phase` (an address, or 0 to
-        COPY_PHASE_BYTES - 1) at the same offset in a page as that address, where the
-        result is copied from memory that lies so (config.COPY_PHASE_BYTES says why); an
-        Arena's block may lack the room for that, and then starts on a page.
+        on a POOL_ALIGN_BYTES boundary, or given `phase` (an address) at its offset modulo
+        COPY_PHASE_BYTES, rounded down to the dtype's alignment: where the result is copied
+        from memory that lies so (config.COPY_PHASE_BYTES says why). An Arena's block without
+        the room for it, and a result the pool does not keep (a plain np.empty), ignore it.
 
         Example:
             >>> pool = Pool()
             >>> a = pool.empty((1 << 15,), np.float32); address = a.ctypes.data; del a
             >>> pool.empty((1 << 15,), np.float32).ctypes.data == address
             True
-            >>> pool.empty((1 << 15,), np.float32, phase=16).ctypes.data % 4096
+            >>> pool.empty((1 << 15,), np.float32, phase=4096 + 16).ctypes.data % 64
             16
         """
         dtype = dtype if isinstance(dtype, np.dtype) else np.dtype(dtype)  # the callers' usual case, at a quarter of the cost
@@ -201,7 +203,7 @@ class Pool:
         nbytes = dtype.itemsize * math.prod(shape)
         if nbytes < self.min_bytes:
             return np.empty(shape, dtype)
-        key = (shape, dtype, None if phase is None else phase % COPY_PHASE_BYTES)
+        key = (shape, dtype, None if phase is None else phase % COPY_PHASE_BYTES // dtype.alignment * dtype.alignment)
         with self._lock:
             # The hot path, a shape asked for again: its last buffer, if free, as it was.
             slot = self._by_key.get(key)

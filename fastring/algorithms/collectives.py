@@ -354,10 +354,10 @@ def reduce_scatter_rows(rt, arr: np.ndarray, work: AllreduceWork, counts: np.nda
     elif not is_c_contiguous(arr):
         src = np.ascontiguousarray(arr)
     # On two ranks the ring receives the peer's part of its input straight into `out`, at full
-    # speed where `out` starts at the same offset in a page as that part
-    # (config.COPY_PHASE_BYTES; the ranks' inputs lie alike, so this rank's own part says where).
-    out = _pool.empty((int(rows[rt.rank + 1] - rows[rt.rank]),) + arr.shape[1:], arr.dtype,
-                      None if by_segment else array_address(src) + int(offsets[rt.rank]))
+    # speed where `out` lies as that part does (config.COPY_PHASE_BYTES; the ranks' inputs lie
+    # alike, so this rank's own part says where). With more, it receives a partial sum there.
+    along = array_address(src) + int(offsets[rt.rank]) if rt.size == 2 and not by_segment else None
+    out = _pool.empty((int(rows[rt.rank + 1] - rows[rt.rank]),) + arr.shape[1:], arr.dtype, phase=along)
     reduce_fn = kernels.reduce_cfunc(KERNEL_OP[op], spec.dtype)
     if total and by_segment:
         def reduce_scatter(streaming: bool) -> None:
