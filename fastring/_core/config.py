@@ -354,17 +354,18 @@ POOL_MAX_ENTRIES = 256
 POOL_ALIGN_BYTES = 64
 # An Arena (the shared results area) hands out whole pages, so blocks share no page.
 ARENA_BLOCK_BYTES = 4096
-# A reducescatter's result where the ring fills it on two ranks starts at the same offset
-# modulo this many bytes as its part of the input (`Pool.empty`'s `phase`): the peer's part,
-# received straight into it, lies so too where the ranks allocate alike. `rep movsb`, on which
-# the kernel's copies between processes run (and glibc's memcpy from 8 KiB to about 1 MiB),
-# is slower on this machine's CPU (AMD EPYC) between buffers at different offsets in a cache
-# line: 16 MiB in 720-850 µs at the same offset, 919-983 with the destination 16 bytes behind
-# the source, 1560-1837 16 bytes ahead (the case `fr_copy` avoids). numpy's large arrays start
-# 16 bytes into a line, the pool's buffers on one: np=2, the reducescatter of 32 MiB ran
-# 1.65 / 1.80 times MPI's speed against 1.53 / 1.61 (min / median over six launches each,
-# alternating; BENCHMARKS.md, "Round 2, session 17"). The segment's allgather and alltoall
-# results gained nothing so (the 1 MiB alltoall lost 2-3 µs) and keep POOL_ALIGN_BYTES.
+# On two ranks of one host, a reducescatter's result that the ring fills starts at the same
+# offset modulo this many bytes as its part of the input (`Pool.empty`'s `phase`) where the
+# input is not on such a boundary (numpy's large arrays start 16 bytes past one; the
+# frameworks' inputs, and so the results JAX and TensorFlow take without a copy, on one): the
+# peer's part, received straight into it, lies so too where the ranks allocate alike.
+# `rep movsb`, on which the kernel's copies between processes run (and glibc's memcpy from 8
+# KiB to about 1 MiB), is slower on this machine's CPU (AMD EPYC) between buffers at different
+# offsets modulo 32: 16 MiB in 720-850 µs at the same offset, 919-983 with the destination 16
+# bytes behind the source, 1560-1837 16 bytes ahead (the case `fr_copy` avoids); 64, a cache
+# line, covers that. np=2, the reducescatter of 32 MiB ran 1.65 / 1.80 times MPI's speed
+# against 1.53 / 1.61 (min / median over six launches each, alternating; BENCHMARKS.md,
+# "Round 2, session 17").
 COPY_PHASE_BYTES = 64
 # Error-feedback residuals (fastring._core.residuals), one per tensor name, on the host and
 # on the device. A residual dropped costs that tensor one step's rounding correction, so the

@@ -29,7 +29,8 @@ from .config import (ARENA_BLOCK_BYTES, COPY_PHASE_BYTES, POOL_ALIGN_BYTES, POOL
                      POOL_MAX_ENTRIES, POOL_MIN_BYTES, POOL_PER_SIZE)
 
 _getrefcount = sys.getrefcount
-# What a heap buffer holds beyond its size class: room to start its views on any boundary
+# What a heap buffer holds beyond its size class: room to start a view up to this many bytes
+# less one past its start, on a POOL_ALIGN_BYTES boundary or at any phase
 _SPARE_BYTES = max(POOL_ALIGN_BYTES, COPY_PHASE_BYTES)
 # A class spans 1/POOL_CLASSES_PER_OCTAVE of its power of two: the request's bit length less
 # this many bits is the log2 of the class step.

@@ -41,7 +41,7 @@ import numpy as np
 from .. import kernels
 from .._core import pool as _pool
 from .._core.config import (BROADCAST_CHAIN_BYTES, BROADCAST_SEGMENT_BYTES, BROADCAST_SINGLE_COPY_BYTES,
-                            CYCLE_GATHER_BYTES, SHM_COLLECTIVE_MAX_BYTES, SHM_REDUCESCATTER_MAX_BYTES,
+                            CYCLE_GATHER_BYTES, POOL_ALIGN_BYTES, SHM_COLLECTIVE_MAX_BYTES, SHM_REDUCESCATTER_MAX_BYTES,
                             SHM_STREAM_BROADCAST_MAX_BYTES, SHM_STREAM_EXCHANGE_MAX_BYTES, SHM_TIMED_CHOICE_MIN_BYTES,
                             SMALL_MESSAGE_BYTES)
 from .._core.dtypes import spec_of
@@ -353,11 +353,15 @@ def reduce_scatter_rows(rt, arr: np.ndarray, work: AllreduceWork, counts: np.nda
         prescale(work, src.reshape(-1), rt.size)
     elif not is_c_contiguous(arr):
         src = np.ascontiguousarray(arr)
-    # On two ranks the ring receives the peer's part of its input straight into `out`, at full
-    # speed where `out` lies as that part does (config.COPY_PHASE_BYTES; the ranks' inputs lie
-    # alike, so this rank's own part says where). With more, it receives a partial sum there.
-    along = array_address(src) + int(offsets[rt.rank]) if rt.size == 2 and not by_segment else None
-    out = _pool.empty((int(rows[rt.rank + 1] - rows[rt.rank]),) + arr.shape[1:], arr.dtype, phase=along)
+    # Two ranks on one host: the ring receives the peer's part of its input straight into `out`
+    # by a copy in memory, at full speed where `out` lies as that part does within a line
+    # (config.COPY_PHASE_BYTES), taken to be where this rank's own part lies. An input on a
+    # line boundary (the frameworks') keeps its result on one too, which JAX and TensorFlow
+    # need to take it without a copy. With more ranks the ring receives a partial sum there.
+    part = array_address(src) + int(offsets[rt.rank])
+    phase = (part if rt.size == 2 and not (by_segment or rt.crosses_hosts)
+             and array_address(src) % POOL_ALIGN_BYTES else None)
+    out = _pool.empty((int(rows[rt.rank + 1] - rows[rt.rank]),) + arr.shape[1:], arr.dtype, phase=phase)
     reduce_fn = kernels.reduce_cfunc(KERNEL_OP[op], spec.dtype)
     if total and by_segment:
         def reduce_scatter(streaming: bool) -> None:
