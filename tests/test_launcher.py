@@ -216,7 +216,7 @@ def test_topology_files_left_are_removed_unless_another_job_runs(tmp_path, monke
     left.write_text("<topology/>")
     proxy = str(os.getpid())  # this process plays a running proxy of the job "its job"
     environment = [b"PATH=/bin", f"{launcher.JOB_ENV}=its job".encode()]
-    monkeypatch.setattr(launcher, "_comm", lambda pid: "hydra_pmi_proxy" if str(pid) == proxy else "")
+    monkeypatch.setattr(launcher, "_comm", lambda pid: launcher.HYDRA_PROXY if str(pid) == proxy else "")
     monkeypatch.setattr(launcher, "_environment", lambda pid: environment if str(pid) == proxy else [])
     assert launcher.another_job_runs("this job") and not launcher.another_job_runs("its job")
     # another job's proxy may still be reading its file: nothing goes

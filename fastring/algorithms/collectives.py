@@ -358,9 +358,9 @@ def reduce_scatter_rows(rt, arr: np.ndarray, work: AllreduceWork, counts: np.nda
     # (config.COPY_PHASE_BYTES), taken to be where this rank's own part lies. An input on a
     # line boundary (the frameworks') keeps its result on one too, which JAX and TensorFlow
     # need to take it without a copy. With more ranks the ring receives a partial sum there.
-    part = array_address(src) + int(offsets[rt.rank])
-    phase = (part if rt.size == 2 and not (by_segment or rt.crosses_hosts)
-             and array_address(src) % POOL_ALIGN_BYTES else None)
+    at = array_address(src)
+    phase = (at + int(offsets[rt.rank]) if rt.size == 2 and not (by_segment or rt.crosses_hosts)
+             and at % POOL_ALIGN_BYTES else None)
     out = _pool.empty((int(rows[rt.rank + 1] - rows[rt.rank]),) + arr.shape[1:], arr.dtype, phase=phase)
     reduce_fn = kernels.reduce_cfunc(KERNEL_OP[op], spec.dtype)
     if total and by_segment:

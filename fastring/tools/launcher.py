@@ -509,19 +509,13 @@ def main(argv: list[str] | None = None) -> int:
             signal.signal(s, handler)
 
 
-def _segment_prefix(prefix: str | None) -> str:
+def _prefix(prefix: str | None, default: str) -> str:
+    """`prefix`, or else the value of fastring/_core/config.py's `default`."""
     if prefix is not None:
         return prefix
     # imported here: this file also runs as each rank's guard, alone, outside the package
-    from fastring._core.config import MPI_SEGMENT_PREFIX
-    return MPI_SEGMENT_PREFIX
-
-
-def _topology_prefix(prefix: str | None) -> str:
-    if prefix is not None:
-        return prefix
-    from fastring._core.config import HYDRA_TOPOLOGY_PREFIX  # here: see _segment_prefix
-    return HYDRA_TOPOLOGY_PREFIX
+    from fastring._core import config
+    return getattr(config, default)
 
 
 def _named(prefix: str) -> set[str]:
@@ -536,13 +530,13 @@ def _named(prefix: str) -> set[str]:
 def mpi_segments(prefix: str | None = None) -> set[str]:
     """The paths of MPI's shared-memory segments (their names start with `prefix`, by default
     MPICH's: fastring/_core/config.py)."""
-    return _named(_segment_prefix(prefix))
+    return _named(_prefix(prefix, "MPI_SEGMENT_PREFIX"))
 
 
 def topology_files(prefix: str | None = None) -> set[str]:
     """The paths of the topology files MPICH's process manager wrote for its jobs (their names
     start with `prefix`, by default HYDRA_TOPOLOGY_PREFIX: fastring/_core/config.py)."""
-    return _named(_topology_prefix(prefix))
+    return _named(_prefix(prefix, "HYDRA_TOPOLOGY_PREFIX"))
 
 
 def another_job_runs(job: str | None = None) -> bool:
@@ -576,7 +570,7 @@ def remove_topology_files(before: set[str], prefix: str | None = None, job: str 
         >>> remove_topology_files(set(), prefix="/nonexistent/hydra_hwloc_xmlfile_")
         []
     """
-    from fastring._core.shm_files import unlink_each  # here: see _segment_prefix
+    from fastring._core.shm_files import unlink_each  # here: see _prefix
 
     new = topology_files(prefix) - before
     if not new or another_job_runs(job):
@@ -596,9 +590,9 @@ def remove_unmapped_segments(before: set[str], prefix: str | None = None,
         >>> remove_unmapped_segments(set(), prefix="/nonexistent/mpich_shm_")
         []
     """
-    from fastring._core.shm_files import mapped_under, unlink_each  # here: see _segment_prefix
+    from fastring._core.shm_files import mapped_under, unlink_each  # here: see _prefix
 
-    prefix = _segment_prefix(prefix)
+    prefix = _prefix(prefix, "MPI_SEGMENT_PREFIX")
     new = mpi_segments(prefix) - before
     if not new:
         return []
