@@ -31,7 +31,7 @@ from ..algorithms import broadcast_bytes
 from ..algorithms.collectives import allgather_bytes, allgather_concat
 from .._core import pool as _pool
 from .._core.compression import Compression
-from .._core.config import FINALIZE_WAIT_SECONDS
+from .._core.config import FINALIZE_WAIT_SECONDS, SMALL_MESSAGE_BYTES
 from .._core.dtypes import SUPPORTED, DtypeSpec
 from .._core.errors import FastringError
 from .._core.ops import ReduceOp
@@ -46,7 +46,8 @@ from .stall import DataStallReporter, StallReporter, stall_error, stall_interval
 from .timeline import Timeline
 
 log = logging.getLogger("fastring")
-_fits_cycle = algorithms.InCycle.fits
+# a class attribute of an enum costs a lean call 60 ns to look up; a module global does not
+_AVERAGE = ReduceOp.Average
 LONE_CALLS_KEPT = 4096  # named lean allreduces remembered (see Engine._lone_calls)
 _NOT_CACHED = (None, None)
 
@@ -171,17 +172,17 @@ class Engine:
         return self._wait_queued(req)
 
     def lone_allreduce(self, arr: np.ndarray, spec: DtypeSpec, op: ReduceOp, name: str | None,
-                       fields: tuple, out: np.ndarray | None, request: Callable[[str], Request]):
+                       fields: tuple, out: np.ndarray | None,
+                       request: Callable[[object, np.ndarray, np.ndarray | None, ReduceOp, str], Request]):
         """A synchronous plain host allreduce (no compression, no scale factors, `fields` as
         the general path would build them) while nothing is queued here: `_speculate_alone`,
         carrying the data itself when it is small (one transport call, `Negotiation.lone_exchange`),
-        then the reduction, without building a Request unless the ranks disagree (`request(name)`
-        builds it then). The result goes to `out` (`arr` itself: in place), or to a new array
-        when it is None. Returns the result, or None when the general path must take the call;
-        nothing has happened then."""
-        if not (self._idle() and is_c_contiguous(arr)
-                and (out is None or (is_writable_c_contiguous(out) and (
-                    out is arr or (out.shape == arr.shape and out.dtype == arr.dtype))))):
+        then the reduction, without building a Request unless the ranks disagree
+        (`request(rt, arr, out, op, name)` builds it then). The result goes to `out` (`arr`
+        itself: in place), or to a new array when it is None. Returns the result, or None when
+        the general path must take the call; nothing has happened then."""
+        if not (self._idle() and (is_writable_c_contiguous(arr) if out is arr else is_c_contiguous(arr) and (
+                out is None or (is_writable_c_contiguous(out) and out.shape == arr.shape and out.dtype == arr.dtype)))):
             return None
         # Nothing is queued, so whoever holds the lock (the background thread looking for
         # work, another thread's own lone cycle) lets go within one cycle.
@@ -191,22 +192,24 @@ class Engine:
                 if self._pending or self._keep_cycling:
                     return None
                 name = name or self.auto_name("allreduce")
-                small = _fits_cycle(arr.nbytes)
+                small = arr.nbytes <= SMALL_MESSAGE_BYTES  # InCycle.fits, for a host array
                 result = _pool.empty(arr.shape, arr.dtype) if out is None else out
                 if small:
-                    h, reducer = self._lone_signature(name, fields, op, arr.dtype)
-                    req = self._lone_payload(name, fields, h, arr, result, reducer, request)
-                    clean = req is None
+                    known = self._lone_calls.get(name)
+                    if known is None or known[0] is not fields:
+                        known = self._lone_signature(name, fields, op, arr.dtype)
+                    failed = self._lone_payload(name, fields, known[1], arr, result, known[2])
                 else:
-                    req = self._speculate_lone(name, fields, request)
-                    clean = req is None
+                    failed = self._speculate_lone(name, fields)
+                if failed is not None:
+                    req = self._lone_failed(request(self.rt, arr, out, op, name), *failed)
             except BaseException as e:  # noqa: BLE001 - every waiter must hear of it
                 self._abandon(e)
                 raise
-            if clean:
+            if failed is None:
                 # as in execution, an error of the reduction itself is the caller's alone
                 if small:
-                    if op == ReduceOp.Average and self.rt.size > 1:
+                    if op is _AVERAGE and self.rt.size > 1:
                         self._average_finish(op)(result.reshape(-1))
                     return result
                 try:
@@ -266,15 +269,17 @@ class Engine:
             reduced = None
             try:
                 if payload is None:
-                    req = self._speculate_lone(name, fields, request)
+                    failed = self._speculate_lone(name, fields)
                 else:
                     reduced = np.empty(payload.shape, payload.dtype) if into is None else into
-                    h, reducer = self._lone_signature(name, fields, op, payload.dtype if dtype is None else dtype)
-                    req = self._lone_payload(name, fields, h, payload, reduced, reducer, request)
+                    _, h, reducer = self._lone_signature(name, fields, op, payload.dtype if dtype is None else dtype)
+                    failed = self._lone_payload(name, fields, h, payload, reduced, reducer)
+                if failed is not None:
+                    req = self._lone_failed(request(name), *failed)
             except BaseException as e:  # noqa: BLE001 - every waiter must hear of it
                 self._abandon(e)
                 raise
-            if req is None:
+            if failed is None:
                 self._executor.running = (kind, [name])  # for a stall's message
                 try:
                     return (run(name, reduced),)
@@ -297,50 +302,46 @@ class Engine:
             self._abandon(error)
 
     def _lone_signature(self, name: str, fields: tuple, op: ReduceOp, dtype: np.dtype) -> tuple:
-        """(the request's hash, the reducer of its payload: `op` over `dtype`) of a lean call,
-        remembered per name while its fields are these very ones (which fix the op and dtype)."""
+        """(`fields`, the request's hash, the reducer of its payload: `op` over `dtype`) of a
+        lean call, remembered in `_lone_calls` per name while its fields are these very ones
+        (which fix the op and dtype)."""
         known = self._lone_calls.get(name)
         if known is not None and known[0] is fields:
-            return known[1], known[2]
+            return known
         neg = self._neg
-        h, reducer = neg.signature_hash(name, fields), neg.reducer(op, dtype)
+        known = (fields, neg.signature_hash(name, fields), neg.reducer(op, dtype))
         if ".noname." not in name and len(self._lone_calls) < LONE_CALLS_KEPT:
-            self._lone_calls[name] = (fields, h, reducer)
-        return h, reducer
+            self._lone_calls[name] = known
+        return known
 
     def _lone_payload(self, name: str, fields: tuple, h: int, payload: np.ndarray, result: np.ndarray,
-                      reducer, request: Callable[[str], Request]) -> Request | None:
+                      reducer) -> tuple | None:
         """A lean call's cycle carrying `payload` (`Negotiation.lone_exchange`: reduced over the
-        ranks into `result` by `reducer` where the outcome is clean), then `_lone_outcome`.
-        Clean, the cache learns (name, fields) unless it holds these very fields: `_settle`,
-        whose flags the call found as it leaves them (under the cycle lock)."""
+        ranks into `result` by `reducer` where the outcome is clean). Clean, the call is
+        counted done and the cache learns (name, fields) unless it holds these very fields:
+        `_settle`, whose flags the call found as it leaves them (under the cycle lock); returns
+        None. Otherwise returns (outcome, words, hash) for `_lone_failed`."""
         neg = self._neg
         words = neg.words
         outcome, clean = neg.lone_exchange(h, payload, result, reducer, name)
-        if clean and neg.cache.get(name, _NOT_CACHED)[1] is not fields:
+        if not clean:
+            return outcome, words, h
+        if neg.cache.get(name, _NOT_CACHED)[1] is not fields:
             neg.remember(name, fields)
-        return self._lone_outcome(clean, outcome, words, h, name, request)
+        self._completed += 1
+        return None
 
-    def _lone_outcome(self, clean: bool, outcome: tuple, words: int, h: int, name: str,
-                      request: Callable[[str], Request]) -> Request | None:
-        """After a lean call's cycle: counted done when clean; otherwise its Request, built now
-        (`request(name)`), acts on the outcome like any cycle's and is returned."""
-        if clean:
-            self._completed += 1
-            return None
-        req = request(name)
-        req.signature_hash = h
-        self._lone_failed(req, outcome, words)
-        return req
-
-    def _speculate_lone(self, name: str, fields: tuple, request: Callable[[str], Request]) -> Request | None:
-        """A lean call's speculation cycle, with no payload, then `_lone_outcome`."""
+    def _speculate_lone(self, name: str, fields: tuple) -> tuple | None:
+        """A lean call's speculation cycle, with no payload; returns as `_lone_payload`."""
         clean, outcome, words, h = self._speculate_alone(name, fields, _no_payload)
-        return self._lone_outcome(clean, outcome, words, h, name, request)
+        if not clean:
+            return outcome, words, h
+        self._completed += 1
+        return None
 
     def _average_finish(self, op: ReduceOp):
         """What a lean call runs on its reduced values: Average's division, or nothing."""
-        return Finish(self.rt.size, 1.0) if op == ReduceOp.Average and self.rt.size > 1 else nothing
+        return Finish(self.rt.size, 1.0) if op is _AVERAGE and self.rt.size > 1 else nothing
 
     def _speculate_alone(self, name: str, fields: tuple, write_payload) -> tuple[bool, tuple, int, int]:
         """The one speculation step: a cycle in which this rank proposes (name, fields) and
@@ -367,15 +368,19 @@ class Engine:
         self._speculate, self._keep_cycling = True, False
         self._neg.remember(name, fields)
 
-    def _lone_failed(self, req: Request, outcome: tuple, words: int) -> None:
-        """Another rank proposed something else: queue `req` (unless the cycle ran it) and
-        act on the outcome like any cycle's."""
+    def _lone_failed(self, req: Request, outcome: tuple, words: int, h: int | None = None) -> Request:
+        """Another rank proposed something else: queue `req` (its hash `h`, where given: it
+        proposed that) unless the cycle ran it, act on the outcome like any cycle's, and
+        return `req`."""
+        if h is not None:
+            req.signature_hash = h
         if outcome[1] != req.signature_hash:
             req.submitted = time.monotonic()
             req.next_report = req.submitted + stall_interval(self.config, 0.0)
             with self._queue_lock:
                 self._pending[req.name] = req
         self._after_exchange(outcome, words, [req], {}, req)
+        return req
 
     def _wait_queued(self, req: Request):
         # Queue it unless a lone cycle already did; submit() refuses a name another request
