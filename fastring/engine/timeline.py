@@ -50,6 +50,7 @@ class Timeline:
         self._comm = comm.Dup()
         self._lock = threading.Lock()
         self._path: str | None = None
+        self.recording = False  # _path is set: an attribute, read on every lean call
         self._events: list[dict] = []
         self._open: dict[tuple, float] = {}
         self._tids: dict[str, int] = {}
@@ -58,16 +59,13 @@ class Timeline:
         if path:
             self.start(path)
 
-    @property
-    def recording(self) -> bool:
-        return self._path is not None
-
     def start(self, path: str) -> None:
         if not isinstance(path, str) or not path:
             raise ValueError(f"timeline path must be a non-empty string, got {path!r}")
         with self._lock:
             self._path = path
             self._events, self._open = [], {}
+            self.recording = True
 
     def _now_us(self) -> float:
         return (time.perf_counter() - self._origin) * 1e6
@@ -107,6 +105,7 @@ class Timeline:
         with self._lock:
             path, events, tids = self._path, self._events, dict(self._tids)
             self._path, self._events, self._open = None, [], {}
+            self.recording = False
         meta = [{"name": "process_name", "ph": "M", "pid": self.rank, "args": {"name": f"rank {self.rank}"}}]
         meta += [{"name": "thread_name", "ph": "M", "pid": self.rank, "tid": tid, "args": {"name": name}}
                  for name, tid in tids.items()]
@@ -129,4 +128,5 @@ class Timeline:
             else:
                 log.warning("timeline %s not written: other ranks were not shutting down too", self._path)
                 self._path = None
+                self.recording = False
         self._comm.Free()
