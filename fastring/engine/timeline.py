@@ -63,9 +63,8 @@ class Timeline:
         if not isinstance(path, str) or not path:
             raise ValueError(f"timeline path must be a non-empty string, got {path!r}")
         with self._lock:
-            self._path = path
+            self._path, self.recording = path, True
             self._events, self._open = [], {}
-            self.recording = True
 
     def _now_us(self) -> float:
         return (time.perf_counter() - self._origin) * 1e6
