@@ -135,8 +135,10 @@ class _Slot:
         shape, dtype, phase = key
         nbytes = dtype.itemsize * math.prod(shape)
         start = -self.address % POOL_ALIGN_BYTES
-        if phase is not None and (phase - self.address) % COPY_PHASE_BYTES + nbytes <= self.base.size:
-            start = (phase - self.address) % COPY_PHASE_BYTES
+        if phase is not None:
+            at_phase = (phase - self.address) % COPY_PHASE_BYTES
+            if at_phase + nbytes <= self.base.size:
+                start = at_phase
         self.view, self.key = self.base[start:start + nbytes].view(dtype).reshape(shape), key
 
 
