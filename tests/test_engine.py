@@ -163,7 +163,9 @@ def test_scatter_to_arrays_fills_every_array_or_none():
 
 def test_cache_bits_land_in_their_words_and_read_back_in_order():
     """A cycle's cache bits: each set bit in its word of the ready (AND) and pending (OR)
-    vectors, and the ready ones read back in increasing order, across word boundaries."""
+    vectors, and the ready ones' requests read back in increasing order of their bits, across
+    word boundaries: all of them when every rank had all ready, and only those still set
+    when another rank lacked some (the AND words then differ from what this rank set)."""
     from fastring._core.runtime import runtime
     from fastring.engine.negotiation import HEADER_WORDS, set_bits
 
@@ -178,10 +180,37 @@ def test_cache_bits_land_in_their_words_and_read_back_in_order():
             1 | 1 << 5 | 1 << 63, 1, 1 << 2 | 1 << 63]
         assert block[HEADER_WORDS + words:HEADER_WORDS + 2 * words].tolist() == \
             block[HEADER_WORDS:HEADER_WORDS + words].tolist()
-        assert neg.ready_bits(words) == sorted(bits)
+        cached = {bit: f"request {bit}" for bit in bits}
+        assert neg.ready_requests(cached, words) == [f"request {bit}" for bit in sorted(bits)]
+        block[HEADER_WORDS] &= np.uint64(~(1 << 5 | 1 << 63) & (1 << 64) - 1)  # another rank lacked 5 and 63
+        block[HEADER_WORDS + 2] &= np.uint64(~(1 << 2) & (1 << 64) - 1)        # ... and 130
+        assert neg.ready_requests(cached, words) == ["request 0", "request 64", "request 191"]
+        assert neg.ready_requests({}, words) == []
         assert set_bits(np.zeros(2, np.uint64)) == []
     finally:
         neg.clear_bits(words)
+
+
+def test_the_cache_keeps_the_fields_object_the_api_hands_out():
+    """Requests first agreed by a full negotiation (their fields gathered as copies) are
+    cached with this rank's own fields object, so that later cycles recognise them by
+    identity; an entry holding equal fields built anew takes the object it is given."""
+    from fastring._core.runtime import runtime
+    from fastring.api.allreduce import _plain_plan
+
+    fastring.init()
+    neg = runtime().engine._neg
+    arrays = [np.full(5, i, np.float32) for i in range(4)]
+    handles = [fastring.allreduce_async(a, op=fastring.Sum, name=f"identity.{i}", out=a)
+               for i, a in enumerate(arrays)]
+    assert [fastring.synchronize(h).tolist() for h in handles] == [[float(i)] * 5 for i in range(4)]
+    fields = _plain_plan(arrays[0], fastring.Sum)[1]
+    assert all(neg.cache[f"identity.{i}"][1] is fields for i in range(4))
+    bit = neg.cache["identity.0"][0]
+    copy = tuple(list(fields))
+    assert copy == fields and copy is not fields
+    neg.remember("identity.0", copy)
+    assert neg.cache["identity.0"] == (bit, fields) and neg.cache["identity.0"][1] is copy
 
 
 def test_automatic_names_hash_apart_alike_on_every_process():

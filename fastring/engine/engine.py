@@ -589,7 +589,7 @@ class Engine:
             ready, errors, leftover = self._full_negotiation(pending, spec_req if speculated else None,
                                                               bool(out_flags & WANT_REPORT))
         elif any_ready:
-            ready = [cached[bit] for bit in self._neg.ready_bits(words) if bit in cached]
+            ready = self._neg.ready_requests(cached, words)
             errors = []
         else:
             ready, errors = [], []
@@ -648,8 +648,10 @@ class Engine:
             if refused is not None:
                 errors.append((name, refused))
                 continue
-            self._neg.remember(name, first)
-            ready.append(local[name] if name in local else self._zeros_request(name, first))
+            mine = local.get(name)
+            # this rank's own fields object, equal to the gathered copies: see remember
+            self._neg.remember(name, first if mine is None else mine.fields)
+            ready.append(mine if mine is not None else self._zeros_request(name, first))
         if len(joined) == size:
             self._finish_join()
         return ready, errors, leftover

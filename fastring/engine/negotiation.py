@@ -137,6 +137,7 @@ class Negotiation:
         self._automatic_digests: dict[str, tuple] = {}  # name's prefix -> (last fields, digest)
         self._hashes: dict[str, tuple[tuple, int]] = {}  # name -> (fields, hash)
         self._reducers: dict[tuple, tuple[int, int]] = {}
+        self._marked: list[int] = []  # the words of the bits the last set_cached set
         self._bits_dirty = True  # bit words in the cycle block may be nonzero
         self._clean_words = 0    # ...unless this many words were left zero by a clean cycle
         self.block = np.empty(0, np.uint64)
@@ -225,16 +226,26 @@ class Negotiation:
         for bit in bits:
             mask |= 1 << bit
         header = self.header
+        marked = [0] * words
         while mask:
             i = ((mask & -mask).bit_length() - 1) >> 6  # the lowest word with a bit set
             word = mask >> (64 * i) & WORD_MASK
             header[HEADER_WORDS + i] |= word
             header[HEADER_WORDS + words + i] |= word
+            marked[i] = word
             mask ^= word << (64 * i)
+        self._marked = marked
 
-    def ready_bits(self, words: int) -> list[int]:
-        """The cache entries every rank had ready in the last cycle."""
-        return set_bits(self.block[HEADER_WORDS:HEADER_WORDS + words])
+    def ready_requests(self, cached: dict, words: int) -> list:
+        """The requests of `cached` (cache entry -> request, as this cycle's `set_cached`
+        marked them) that every rank had ready in the last cycle, in the order of their
+        entries. Where every rank had all of them ready (the common case) no bit is decoded."""
+        if not cached:
+            return []
+        ready = self.block[HEADER_WORDS:HEADER_WORDS + words]
+        if ready.tolist() == self._marked:
+            return [cached[bit] for bit in sorted(cached)]
+        return [cached[bit] for bit in set_bits(ready) if bit in cached]
 
     def exchange(self, flags: int, h: int, payload_nbytes: int, reducer: tuple[int, int],
                  names, words: int, bits_written: bool) -> tuple:
@@ -316,10 +327,12 @@ class Negotiation:
                                 "error or interrupt part-way through one); nothing more can run with it")
 
     def remember(self, name: str, fields: tuple) -> None:
-        """Cache an agreed (name, fields); called in the same order on every rank."""
+        """Cache an agreed (name, fields); called in the same order on every rank. An entry
+        takes the very object given even where it holds equal fields: a cycle then recognises
+        the request by identity, where comparing the tuples costs most of its time per request."""
         entry = self.cache.get(name)
         if entry is not None:
-            if entry[1] != fields:
+            if entry[1] is not fields:
                 self.cache[name] = (entry[0], fields)
         elif len(self._cache_names) < CACHE_CAPACITY and ".noname." not in name:
             self.cache[name] = (len(self._cache_names), fields)
