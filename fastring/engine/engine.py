@@ -648,10 +648,10 @@ class Engine:
             if refused is not None:
                 errors.append((name, refused))
                 continue
-            mine = local.get(name)
+            own = local.get(name)
             # this rank's own fields object, equal to the gathered copies: see remember
-            self._neg.remember(name, first if mine is None else mine.fields)
-            ready.append(mine if mine is not None else self._zeros_request(name, first))
+            self._neg.remember(name, first if own is None else own.fields)
+            ready.append(own if own is not None else self._zeros_request(name, first))
         if len(joined) == size:
             self._finish_join()
         return ready, errors, leftover

@@ -137,7 +137,9 @@ class Negotiation:
         self._automatic_digests: dict[str, tuple] = {}  # name's prefix -> (last fields, digest)
         self._hashes: dict[str, tuple[tuple, int]] = {}  # name -> (fields, hash)
         self._reducers: dict[tuple, tuple[int, int]] = {}
-        self._marked: list[int] = []  # the words of the bits the last set_cached set
+        # (the bits, the words) the last set_cached set: equal AND words after the exchange mean
+        # every rank had all of them ready, and ready_requests then decodes no bit
+        self._marked: tuple = (None, [])
         self._bits_dirty = True  # bit words in the cycle block may be nonzero
         self._clean_words = 0    # ...unless this many words were left zero by a clean cycle
         self.block = np.empty(0, np.uint64)
@@ -234,16 +236,18 @@ class Negotiation:
             header[HEADER_WORDS + words + i] |= word
             marked[i] = word
             mask ^= word << (64 * i)
-        self._marked = marked
+        self._marked = (bits, marked)
 
     def ready_requests(self, cached: dict, words: int) -> list:
-        """The requests of `cached` (cache entry -> request, as this cycle's `set_cached`
-        marked them) that every rank had ready in the last cycle, in the order of their
-        entries. Where every rank had all of them ready (the common case) no bit is decoded."""
+        """The requests of `cached` (cache entry -> request) that every rank had ready in the
+        last cycle, in the order of their entries. Where `cached` is what the last
+        `set_cached` marked and every rank had all of it ready (the common case), no bit is
+        decoded."""
         if not cached:
             return []
         ready = self.block[HEADER_WORDS:HEADER_WORDS + words]
-        if ready.tolist() == self._marked:
+        marked_bits, marked_words = self._marked
+        if marked_bits is cached and ready.tolist() == marked_words:
             return [cached[bit] for bit in sorted(cached)]
         return [cached[bit] for bit in set_bits(ready) if bit in cached]
 
@@ -329,7 +333,8 @@ class Negotiation:
     def remember(self, name: str, fields: tuple) -> None:
         """Cache an agreed (name, fields); called in the same order on every rank. An entry
         takes the very object given even where it holds equal fields: a cycle then recognises
-        the request by identity, where comparing the tuples costs most of its time per request."""
+        the request by identity (`Engine._write_bits`), where comparing the tuples cost most
+        of that method's time per request."""
         entry = self.cache.get(name)
         if entry is not None:
             if entry[1] is not fields:
