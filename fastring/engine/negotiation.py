@@ -137,8 +137,9 @@ class Negotiation:
         self._automatic_digests: dict[str, tuple] = {}  # name's prefix -> (last fields, digest)
         self._hashes: dict[str, tuple[tuple, int]] = {}  # name -> (fields, hash)
         self._reducers: dict[tuple, tuple[int, int]] = {}
-        # (the bits, the words) the last set_cached set: equal AND words after the exchange mean
-        # every rank had all of them ready, and ready_requests then decodes no bit
+        # (id of the bits, the words) the last set_cached set: equal AND words after the exchange
+        # mean every rank had all of them ready, and ready_requests then decodes no bit. The id,
+        # not the object: the engine's dict of requests must not outlive its cycle here.
         self._marked: tuple = (None, [])
         self._bits_dirty = True  # bit words in the cycle block may be nonzero
         self._clean_words = 0    # ...unless this many words were left zero by a clean cycle
@@ -236,18 +237,18 @@ class Negotiation:
             header[HEADER_WORDS + words + i] |= word
             marked[i] = word
             mask ^= word << (64 * i)
-        self._marked = (bits, marked)
+        self._marked = (id(bits), marked)
 
     def ready_requests(self, cached: dict, words: int) -> list:
         """The requests of `cached` (cache entry -> request) that every rank had ready in the
-        last cycle, in the order of their entries. Where `cached` is what the last
-        `set_cached` marked and every rank had all of it ready (the common case), no bit is
-        decoded."""
+        last cycle, in the order of their entries. Where `cached` is the dict the last
+        `set_cached` marked (the same object, which the caller still holds) and every rank had
+        all of it ready (the common case), no bit is decoded."""
         if not cached:
             return []
         ready = self.block[HEADER_WORDS:HEADER_WORDS + words]
-        marked_bits, marked_words = self._marked
-        if marked_bits is cached and ready.tolist() == marked_words:
+        marked_id, marked_words = self._marked
+        if marked_id == id(cached) and ready.tolist() == marked_words:
             return [cached[bit] for bit in sorted(cached)]
         return [cached[bit] for bit in set_bits(ready) if bit in cached]
 
