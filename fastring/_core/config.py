@@ -199,6 +199,12 @@ RETRY_COST_SHARE = 0.01
 # fastring.algorithms.choice), each way is timed again once in every this many calls of a size;
 # a timed call costs one small allreduce more to agree on the time.
 PATH_TIMING_PERIOD_CALLS = 64
+# The background thread leaves the queue alone while submissions keep coming (one within this
+# share of a cycle time, FASTRING_CYCLE_TIME) or another thread drives its own cycles, until a
+# request has waited this many cycle times: a burst fuses into one cycle, and a steady stream
+# still progresses (fastring.engine.engine.Engine._leave_to_others).
+BURST_QUIET_CYCLES = 0.5
+BURST_MOST_CYCLES = 5
 # Allgathers and alltoalls on one host whose every rank knows the call's bytes (the lean path)
 # choose so between streaming and single copy from this many bytes of output in all up to
 # SHM_STREAM_EXCHANGE_MAX_BYTES; smaller ones stream: a copy between processes costs a

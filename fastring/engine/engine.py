@@ -31,7 +31,7 @@ from ..algorithms import broadcast_bytes
 from ..algorithms.collectives import allgather_bytes, allgather_concat
 from .._core import pool as _pool
 from .._core.compression import Compression
-from .._core.config import FINALIZE_WAIT_SECONDS, SMALL_MESSAGE_BYTES
+from .._core.config import BURST_MOST_CYCLES, BURST_QUIET_CYCLES, FINALIZE_WAIT_SECONDS, SMALL_MESSAGE_BYTES
 from .._core.dtypes import SUPPORTED, DtypeSpec
 from .._core.errors import FastringError
 from .._core.ops import ReduceOp
@@ -64,7 +64,7 @@ class Engine:
         self.rt = rt
         self.config = rt.config
         self.timeline = Timeline(rt.rank, rt.transport.comm, self.config.timeline)
-        self._queue_lock = threading.Lock()   # guards _pending and _noname
+        self._queue_lock = threading.Lock()   # guards _pending, _noname and _drivers
         self._cycle_lock = threading.Lock()   # one cycle at a time, on any thread
         self._wake = threading.Condition()
         self._done_cv = threading.Condition()  # threads waiting on a handle another runs
@@ -83,6 +83,8 @@ class Engine:
         self._broken: BaseException | None = None
         self._thread: threading.Thread | None = None
         self._asleep = False  # the background thread waits (or is about to) for work
+        self._last_submit = 0.0  # time.monotonic() of the latest submission
+        self._drivers = 0  # threads in drive(), which run cycles until their handle completes
         self._running = True
         self._neg = Negotiation(rt.transport, StallReporter(self.config.stall_check_time,
                                                             self.config.stall_shutdown_time),
@@ -128,7 +130,7 @@ class Engine:
         if self._broken is not None:
             raise FastringError(f"fastring cannot run collectives after: {described(self._broken)}")
         # (its signature hash is taken when a cycle proposes it: most queued requests never are)
-        request.submitted = now = time.monotonic()
+        request.submitted = self._last_submit = now = time.monotonic()
         request.next_report = now + self._first_report
         name = request.name
         with self._queue_lock:
@@ -393,6 +395,17 @@ class Engine:
     def drive(self, handle: Handle) -> None:
         """Run cycles on this thread until `handle` completes (or wait if another thread is)."""
         idle_pause = self.config.cycle_time_ms / 1000.0
+        with self._queue_lock:
+            self._drivers += 1
+        try:
+            self._drive(handle, idle_pause)
+        finally:
+            with self._queue_lock:
+                self._drivers -= 1
+        if self._keep_cycling or self._pending:
+            self._start_background()
+
+    def _drive(self, handle: Handle, idle_pause: float) -> None:
         while not handle.done():
             if self._cycle_lock.acquire(blocking=False):
                 try:
@@ -413,8 +426,6 @@ class Engine:
                     if not handle.done():
                         self._done_cv.wait(0.001)
                     self._waiters -= 1
-        if self._keep_cycling or self._pending:
-            self._start_background()
 
     def _notify_done(self) -> None:
         if self._waiters:
@@ -443,12 +454,39 @@ class Engine:
                     return
             # Let a burst of asynchronous submissions gather so that they fuse.
             time.sleep(cycle_s)
+            idle = self._leave_to_others(cycle_s)
+            if idle is None:  # nothing queued: wait for a submission
+                continue
+            if idle > 0:
+                with self._wake:  # shutdown's notice ends the wait
+                    if self._running:
+                        self._wake.wait(idle)
+                continue
             with self._cycle_lock:
                 if self._running and (self._pending or self._keep_cycling) and self._broken is None:
                     try:
                         self._cycle()
                     except BaseException as e:  # noqa: BLE001 - delivered to every waiter
                         self._abandon(e)
+
+    def _leave_to_others(self, cycle_s: float) -> float | None:
+        """How long this (background) thread leaves the queue alone: 0 when it runs a cycle
+        now, None when nothing is queued. While submissions keep coming (one within
+        BURST_QUIET_CYCLES of a cycle time) or a thread drives its own cycles, which run the
+        whole queue, it waits until the oldest request has waited BURST_MOST_CYCLES cycle
+        times. A cycle run here in the middle of a burst splits it in two, and each time this
+        thread wakes it takes the interpreter lock from the submitting thread, which torch's
+        Tensor.numpy() releases on every call: in a fresh process, 100 torch tensors queued
+        back to back and waited on took 14-17 µs each where this thread ran such cycles,
+        7 where it left them alone (BENCHMARKS.md, "Round 2, session 20")."""
+        try:
+            oldest = next(iter(self._pending.values())).submitted
+        except (StopIteration, RuntimeError):  # nothing queued, or the queue changed meanwhile
+            return 0.0 if self._keep_cycling else None
+        now = time.monotonic()
+        left = oldest + BURST_MOST_CYCLES * cycle_s - now
+        busy = self._drivers > 0 or now - self._last_submit < BURST_QUIET_CYCLES * cycle_s
+        return left if left > 0 and busy else 0.0
 
     def shutdown(self) -> None:
         """Leave: one last cycle tells every other rank that this one is shutting down (their
