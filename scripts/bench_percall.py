@@ -9,7 +9,8 @@ over the bytes it moves, each figure from one launch.
     against MPI_Bcast, MPI_Allgather, MPI_Reduce_scatter_block and MPI_Alltoall;
   * grouped_allreduce of 100 x 40 KB against 100 MPI_Allreduce calls (ratio as above);
   * fastring.torch: `allreduce_async` + `synchronize` of 100 small tensors (100 float32),
-    microseconds per tensor, beside the same through the numpy API; a synchronous
+    microseconds per tensor, beside the same through the numpy API, a batch at a time and
+    BATCHES batches back to back (as a training loop runs them); a synchronous
     `fastring.torch.allreduce` of one such tensor beside the numpy one.
 
 Trials of the compared calls alternate, so that both see the same state of the machine; each
@@ -34,6 +35,7 @@ from fastring.tools.bench import format_bytes
 
 TENSORS = 100     # tensors per async batch
 ELEMENTS = 100    # float32 per tensor of the batch
+BATCHES = 50      # batches a trial of the back-to-back row
 
 
 def small_rows(comm) -> list[dict]:
@@ -69,11 +71,11 @@ def collective_rows(comm) -> list[dict]:
     return rows
 
 
-def per_tensor(fn, trials: int, comm) -> float:
-    """Microseconds per tensor of `fn` (which handles TENSORS tensors), the median of `trials`,
-    the slowest rank's."""
+def per_tensor(fn, trials: int, comm, batches: int = 1) -> float:
+    """Microseconds per tensor of `fn` (which handles TENSORS tensors) called `batches` times
+    back to back, the median of `trials`, the slowest rank's."""
     fn()
-    return float(np.median([timed(fn, 1, comm, barrier=True) for _ in range(trials)])) * 1e6 / TENSORS
+    return float(np.median([timed(fn, batches, comm, barrier=batches == 1) for _ in range(trials)])) * 1e6 / TENSORS
 
 
 def torch_rows(comm) -> list[dict]:
@@ -103,12 +105,15 @@ def torch_rows(comm) -> list[dict]:
             fastring.allreduce(a, name="one_np", op=fastring.Sum)
 
     rows = []
-    for what, ours, peer in (("allreduce_async + synchronize, 100 x 100 float32", torch_async, numpy_async),
-                             ("synchronous allreduce, 100 float32", torch_sync, numpy_sync)):
+    for what, ours, peer, batches in (
+            ("allreduce_async + synchronize, 100 x 100 float32", torch_async, numpy_async, 1),
+            # as a training loop runs them: the engine's background thread wakes among the batches
+            (f"the same, {BATCHES} batches back to back", torch_async, numpy_async, BATCHES),
+            ("synchronous allreduce, 100 float32", torch_sync, numpy_sync, 1)):
         mine, theirs = [], []
         for _ in range(5):  # alternate: both see the same machine
-            mine.append(per_tensor(ours, 5, comm))
-            theirs.append(per_tensor(peer, 5, comm))
+            mine.append(per_tensor(ours, 5, comm, batches))
+            theirs.append(per_tensor(peer, 5, comm, batches))
         rows.append({"what": what, "bytes": 4 * ELEMENTS, "barrier": False,
                      "torch_us": float(np.median(mine)), "numpy_us": float(np.median(theirs))})
     return rows
