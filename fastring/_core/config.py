@@ -202,7 +202,7 @@ PATH_TIMING_PERIOD_CALLS = 64
 # The background thread leaves the queue alone while submissions keep coming (one within this
 # share of a cycle time, FASTRING_CYCLE_TIME) or another thread drives its own cycles, until a
 # request has waited this many cycle times: a burst fuses into one cycle, and a steady stream
-# still progresses (fastring.engine.engine.Engine._leave_to_others).
+# still progresses (fastring.engine.engine.Engine._burst_wait).
 BURST_QUIET_CYCLES = 0.5
 BURST_MOST_CYCLES = 5
 # Allgathers and alltoalls on one host whose every rank knows the call's bytes (the lean path)

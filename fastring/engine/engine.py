@@ -402,8 +402,8 @@ class Engine:
         finally:
             with self._queue_lock:
                 self._drivers -= 1
-        if self._keep_cycling or self._pending:
-            self._start_background()
+            if self._keep_cycling or self._pending:
+                self._start_background()
 
     def _drive(self, handle: Handle, idle_pause: float) -> None:
         while not handle.done():
@@ -454,13 +454,14 @@ class Engine:
                     return
             # Let a burst of asynchronous submissions gather so that they fuse.
             time.sleep(cycle_s)
-            idle = self._leave_to_others(cycle_s)
-            if idle is None:  # nothing queued: wait for a submission
-                continue
-            if idle > 0:
+            wait = self._burst_wait(cycle_s, time.monotonic())
+            while wait:  # looked at again every cycle time: a burst that stops runs soon
                 with self._wake:  # shutdown's notice ends the wait
-                    if self._running:
-                        self._wake.wait(idle)
+                    if not self._running:
+                        break
+                    self._wake.wait(min(wait, cycle_s))
+                wait = self._burst_wait(cycle_s, time.monotonic())
+            if wait is None:  # nothing queued: wait for a submission
                 continue
             with self._cycle_lock:
                 if self._running and (self._pending or self._keep_cycling) and self._broken is None:
@@ -469,22 +470,19 @@ class Engine:
                     except BaseException as e:  # noqa: BLE001 - delivered to every waiter
                         self._abandon(e)
 
-    def _leave_to_others(self, cycle_s: float) -> float | None:
-        """How long this (background) thread leaves the queue alone: 0 when it runs a cycle
-        now, None when nothing is queued. While submissions keep coming (one within
-        BURST_QUIET_CYCLES of a cycle time) or a thread drives its own cycles, which run the
-        whole queue, it waits until the oldest request has waited BURST_MOST_CYCLES cycle
-        times. A cycle run here in the middle of a burst splits it in two, and each time this
-        thread wakes it takes the interpreter lock from the submitting thread, which torch's
-        Tensor.numpy() releases on every call: in a fresh process, 100 torch tensors queued
-        back to back and waited on took 14-17 µs each where this thread ran such cycles,
-        7 where it left them alone (BENCHMARKS.md, "Round 2, session 20")."""
-        try:
-            oldest = next(iter(self._pending.values())).submitted
-        except (StopIteration, RuntimeError):  # nothing queued, or the queue changed meanwhile
+    def _burst_wait(self, cycle_s: float, now: float) -> float | None:
+        """How long the background thread leaves the queue alone: 0 when it runs a cycle now
+        (also with nothing queued here while another rank still has work), None when nothing
+        is queued. While submissions keep coming (one within BURST_QUIET_CYCLES of a cycle
+        time) or a thread drives its own cycles, which run the whole queue, until the oldest
+        request has waited BURST_MOST_CYCLES cycle times: a cycle of this thread's in the
+        middle of a burst split it, and took turns on the interpreter lock with the thread
+        submitting it."""
+        with self._queue_lock:
+            oldest = next(iter(self._pending.values()), None)
+        if oldest is None:
             return 0.0 if self._keep_cycling else None
-        now = time.monotonic()
-        left = oldest + BURST_MOST_CYCLES * cycle_s - now
+        left = oldest.submitted + BURST_MOST_CYCLES * cycle_s - now
         busy = self._drivers > 0 or now - self._last_submit < BURST_QUIET_CYCLES * cycle_s
         return left if left > 0 and busy else 0.0
 
