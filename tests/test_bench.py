@@ -341,7 +341,8 @@ def test_one_host_scripts(tmp_path):
 def test_per_call_script(tmp_path):
     """scripts/bench_percall.py on 2 ranks: the allreduce with and without the caller's barrier
     and unnamed, barrier, the other collectives at 64 B and 4 KiB, each against MPI, then the
-    grouped call and the torch rows, and the summary of two launches."""
+    grouped call and the torch rows (the asynchronous batch alone and back to back), and the
+    summary of two launches."""
     pytest.importorskip("torch")
     from conftest import run_script
     rows_json = tmp_path / "percall.json"
@@ -353,7 +354,7 @@ def test_per_call_script(tmp_path):
     assert all(r["ratio"] > 0 for r in rows if "ratio" in r) and [r["barrier"] for r in rows[:3]] == [False, True, False]
     assert [r["what"] for r in rows[4 + len(others):]] == [
         "grouped_allreduce 100 x 40 KB", "allreduce_async + synchronize, 100 x 100 float32",
-        "synchronous allreduce, 100 float32"]
+        "the same, 50 batches back to back", "synchronous allreduce, 100 float32"]
     summary = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_percall.py"), "--summarize",
                               str(rows_json), str(rows_json)], capture_output=True, text=True, check=True).stdout
     assert "| barrier | 0 B | no |" in summary and "| alltoall | 64 B | no |" in summary
