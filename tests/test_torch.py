@@ -180,6 +180,45 @@ def test_quick_host_view_and_the_async_path_of_every_kind_of_tensor(one_rank):
         hvd.synchronize(hvd.allreduce_async_(t.to("meta"), op=hvd.Sum))
 
 
+def test_the_lean_path_takes_plain_calls_and_leaves_every_other_to_the_general_path(one_rank):
+    """mpi_ops._lean: a plain allreduce (a ReduceOp, no compression, no scale factors, a host
+    tensor numpy can view) skips Horovod's translation; anything else returns None, having
+    done nothing, and the general path gets it right or raises."""
+    from fastring import Handle
+
+    t = torch.arange(6, dtype=torch.float32).reshape(2, 3)
+    handle = mpi_ops._lean(t, hvd.Sum, "lean", 1.0, 1.0, hvd.global_process_set, t, True)
+    assert type(handle) is Handle and handle.name == "allreduce.lean" and hvd.synchronize(handle) is t
+    unnamed = mpi_ops._lean(t, hvd.Sum, None, 1.0, 1.0, None, None, True)
+    assert type(unnamed) is Handle and ".noname." in unnamed.name
+    assert mpi_ops._lean(t, hvd.Sum, "queued", 1.0, 1.0, None, t, False) is None  # not alone: general path
+    assert torch.equal(hvd.synchronize(unnamed), t)
+    assert mpi_ops._lean(t, hvd.Sum, "lean", 1.0, 1.0, None, t, False) is t
+    copy = mpi_ops._lean(t, hvd.Sum, "lean", 1.0, 1.0, None, None, False)
+    assert torch.equal(copy, t) and copy.data_ptr() != t.data_ptr()
+    bf16 = torch.ones(2, dtype=torch.bfloat16)
+    for args in ((t, 0, "n", 1.0, 1.0), (t, hvd.Sum, 7, 1.0, 1.0), (t, hvd.Sum, "n", 2.0, 1.0),
+                 (t, hvd.Sum, "n", 1, 1.0), (t, hvd.Sum, "n", 1.0, 0.5), (bf16, hvd.Sum, "n", 1.0, 1.0),
+                 (torch.ones(2, requires_grad=True), hvd.Sum, "n", 1.0, 1.0), (t.to("meta"), hvd.Sum, "n", 1.0, 1.0)):
+        for out, asynchronous in ((None, True), (args[0], True), (None, False), (args[0], False)):
+            assert mpi_ops._lean(*args, None, out, asynchronous) is None, (args, out, asynchronous)
+    # what the lean path leaves, the general path does: scale factors, an int op, bfloat16 ...
+    x = torch.tensor([1.0, -3.0])
+    assert torch.equal(hvd.allreduce(x, op=hvd.Sum, prescale_factor=2.0, name="scaled"), torch.tensor([2.0, -6.0]))
+    assert torch.equal(hvd.allreduce(x, op=int(hvd.Sum), name="int op"), x)
+    assert torch.equal(hvd.synchronize(hvd.allreduce_async(bf16, op=hvd.Sum, name="bf16")), bf16)
+    assert torch.equal(hvd.allreduce(torch.arange(5), name="int mean"), torch.arange(5))  # exact integer mean
+    with pytest.raises(TypeError, match="name must be a string"):
+        hvd.allreduce_async_(x, name=7)
+    with pytest.raises(TypeError, match="name must be a string"):
+        hvd.allreduce(x, name=7)
+    # the result of an out-of-place call is the caller's own: the input changed later leaves it
+    y = torch.tensor([0.1, 0.2], dtype=torch.float64)
+    result = hvd.allreduce(y, op=hvd.Sum, name="own")
+    y += 1
+    assert torch.equal(result, torch.tensor([0.1, 0.2], dtype=torch.float64))
+
+
 def test_distributed_optimizer_is_the_wrapped_class_and_shares_its_state(one_rank):
     model = torch.nn.Linear(3, 1)
     base = torch.optim.Adam(model.parameters(), lr=0.1)

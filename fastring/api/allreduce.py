@@ -95,22 +95,10 @@ def _plain_args(op, name, compression, prescale_factor, postscale_factor) -> boo
             and type(postscale_factor) is float and postscale_factor == 1.0)
 
 
-def _plain_request(rt: Runtime, tensor, arr: np.ndarray, op: ReduceOp, name: str | None, out) -> Request | None:
-    """The Request of a plain allreduce of host array `arr` (`tensor`'s memory) into a new
-    tensor (`out` None) or in place (`out` is `tensor`), built from its cached plan with no
-    other check (`entry` still decides where it is read and written, and refuses what it
-    must); None where the general path must build it (and raise any error)."""
-    plan = _plain_plan(arr, op)
-    if plan is None:
-        return None
-    engine = rt.engine
-    name = name or engine.auto_name("allreduce")  # taken first, as the general path does
-    return Request("allreduce", name, plan[1], arr.nbytes, Handle(engine, name), plan[2], [entry(tensor, arr, out)])
-
-
 def _lone_allreduce(arr: np.ndarray, op: ReduceOp, name: str | None, out: np.ndarray | None, process_set=None):
-    """The lean path of a plain (no compression, no scale factors) numpy allreduce: the
-    engine runs it without building a Request when nothing else is queued.
+    """The lean path of a plain (no compression, no scale factors) allreduce of host array
+    `arr` (a numpy array, or a framework tensor's memory viewed as one) into `out` (None: a
+    new array): the engine runs it without building a Request when nothing else is queued.
     Returns None where the general path must take the call (it also raises any errors)."""
     plan = _plain_plan(arr, op)
     if plan is None:
@@ -219,15 +207,32 @@ def allreduce_async(tensor, op: ReduceOp = ReduceOp.Average, *, name: str | None
         >>> fastring.synchronize(h)
         array([1., 1., 1.])
     """
-    rt = runtime_of(process_set)
     if (out is None or out is tensor) and _plain_args(op, name, compression, prescale_factor, postscale_factor):
-        arr = tensor if type(tensor) is np.ndarray else host_view(tensor)
-        request = _plain_request(rt, tensor, arr, op, name, out) if arr is not None else None
-        if request is not None:
-            return rt.engine.submit(request)
-    engine, request = _allreduce_request(rt, "allreduce", [tensor], [out], op, name,
+        handle = _plain_allreduce_async(tensor, tensor if type(tensor) is np.ndarray else host_view(tensor),
+                                       op, name, out, process_set)
+        if handle is not None:
+            return handle
+    engine, request = _allreduce_request(runtime_of(process_set), "allreduce", [tensor], [out], op, name,
                                          compression, prescale_factor, postscale_factor, grouped=False)
     return engine.submit(request)
+
+
+def _plain_allreduce_async(tensor, arr: np.ndarray | None, op: ReduceOp, name: str | None, out,
+                          process_set=None) -> Handle | None:
+    """`allreduce_async` of arguments already known plain (`_plain_args`; `out` None or
+    `tensor`) whose host memory `arr` views (None: not viewed), built from its cached plan
+    with no other check (`entry` still decides where it is read and written, and refuses what
+    it must); None, having queued nothing, where the general path must take the call (and
+    raise any error). The framework modules' lean path."""
+    if arr is None:
+        return None
+    plan = _plain_plan(arr, op)
+    if plan is None:
+        return None
+    engine = runtime_of(process_set).engine
+    name = name or engine.auto_name("allreduce")  # taken first, as the general path does
+    return engine.submit(Request("allreduce", name, plan[1], arr.nbytes, Handle(engine, name), plan[2],
+                                 [entry(tensor, arr, out)]))
 
 
 def allreduce(tensor, op: ReduceOp = ReduceOp.Average, *, name: str | None = None,

@@ -19,7 +19,7 @@ from fastring import Compression, ReduceOp
 from fastring._horovod import (ADASUM_OPTIMIZER_UNSUPPORTED, Adasum, full_name, global_process_set, is_native)
 
 from .functions import wait_all
-from .mpi_ops import Average, sparse_allreduce_async
+from .mpi_ops import Average, _lean, sparse_allreduce_async
 
 __all__ = ["DistributedOptimizer"]
 
@@ -81,9 +81,14 @@ class _DistributedOptimizer:
         prescale, postscale = 1.0, 1.0
         if self.op == Average:  # Horovod splits the averaging around the sum
             prescale, postscale = 1.0 / self.gradient_predivide_factor, self.gradient_predivide_factor
-        name = full_name("allreduce", self._parameter_names[p])
         tensor, ctx = p.grad, None
         compression = self._compression
+        if compression is Compression.none:
+            handle = _lean(tensor, self.op, self._parameter_names[p], prescale, postscale, self.process_set,
+                           tensor, True)
+            if handle is not None:
+                return handle, None
+        name = full_name("allreduce", self._parameter_names[p])
         if not is_native(compression):
             tensor, ctx = compression.compress(p.grad)
             compression = None
