@@ -16,6 +16,7 @@ torch = pytest.importorskip("torch")
 
 from conftest import check_doctests  # noqa: E402
 import fastring  # noqa: E402
+from fastring import _horovod  # noqa: E402
 import fastring.torch as hvd  # noqa: E402
 from fastring.torch import compression, functions, mpi_ops, optimizer  # noqa: E402
 
@@ -110,7 +111,7 @@ def test_defaults_are_horovods():
 
 def test_doctests():
     hvd.init()
-    check_doctests((mpi_ops, functions, optimizer, compression, hvd), more_than=60)
+    check_doctests((mpi_ops, functions, optimizer, compression, hvd, _horovod), more_than=60)
 
 
 @pytest.fixture
@@ -181,27 +182,30 @@ def test_quick_host_view_and_the_async_path_of_every_kind_of_tensor(one_rank):
 
 
 def test_the_lean_path_takes_plain_calls_and_leaves_every_other_to_the_general_path(one_rank):
-    """mpi_ops._lean: a plain allreduce (a ReduceOp, no compression, no scale factors, a host
-    tensor numpy can view) skips Horovod's translation; anything else returns None, having
-    done nothing, and the general path gets it right or raises."""
+    """_horovod.lean_allreduce (and mpi_ops._lean, its synchronous torch form): a plain
+    allreduce (a ReduceOp, no scale factors, a host tensor numpy can view) skips Horovod's
+    translation; anything else returns None, having done nothing, and the general path gets
+    it right or raises."""
     from fastring import Handle
+    from fastring._horovod import lean_allreduce
 
     t = torch.arange(6, dtype=torch.float32).reshape(2, 3)
-    handle = mpi_ops._lean(t, hvd.Sum, "lean", 1.0, 1.0, hvd.global_process_set, t, True)
+    handle = lean_allreduce(t, hvd.Sum, "lean", 1.0, 1.0, hvd.global_process_set, t, True)
     assert type(handle) is Handle and handle.name == "allreduce.lean" and hvd.synchronize(handle) is t
-    unnamed = mpi_ops._lean(t, hvd.Sum, None, 1.0, 1.0, None, None, True)
+    unnamed = lean_allreduce(t, hvd.Sum, None, 1.0, 1.0, None, None, True)
     assert type(unnamed) is Handle and ".noname." in unnamed.name
-    assert mpi_ops._lean(t, hvd.Sum, "queued", 1.0, 1.0, None, t, False) is None  # not alone: general path
+    assert mpi_ops._lean(t, hvd.Sum, "queued", 1.0, 1.0, None, t) is None  # not alone: general path
     assert torch.equal(hvd.synchronize(unnamed), t)
-    assert mpi_ops._lean(t, hvd.Sum, "lean", 1.0, 1.0, None, t, False) is t
-    copy = mpi_ops._lean(t, hvd.Sum, "lean", 1.0, 1.0, None, None, False)
+    assert mpi_ops._lean(t, hvd.Sum, "lean", 1.0, 1.0, None, t) is t
+    copy = mpi_ops._lean(t, hvd.Sum, "lean", 1.0, 1.0, None, None)
     assert torch.equal(copy, t) and copy.data_ptr() != t.data_ptr()
     bf16 = torch.ones(2, dtype=torch.bfloat16)
     for args in ((t, 0, "n", 1.0, 1.0), (t, hvd.Sum, 7, 1.0, 1.0), (t, hvd.Sum, "n", 2.0, 1.0),
                  (t, hvd.Sum, "n", 1, 1.0), (t, hvd.Sum, "n", 1.0, 0.5), (bf16, hvd.Sum, "n", 1.0, 1.0),
                  (torch.ones(2, requires_grad=True), hvd.Sum, "n", 1.0, 1.0), (t.to("meta"), hvd.Sum, "n", 1.0, 1.0)):
-        for out, asynchronous in ((None, True), (args[0], True), (None, False), (args[0], False)):
-            assert mpi_ops._lean(*args, None, out, asynchronous) is None, (args, out, asynchronous)
+        for out in (None, args[0]):
+            assert mpi_ops._lean(*args, None, out) is None, (args, out)
+            assert lean_allreduce(*args, None, out, True) is None, (args, out)
     # what the lean path leaves, the general path does: scale factors, an int op, bfloat16 ...
     x = torch.tensor([1.0, -3.0])
     assert torch.equal(hvd.allreduce(x, op=hvd.Sum, prescale_factor=2.0, name="scaled"), torch.tensor([2.0, -6.0]))

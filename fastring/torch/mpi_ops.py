@@ -17,11 +17,9 @@ import torch
 
 import fastring
 from fastring import Compression, FastringError, Handle, ReduceOp
-from fastring._core.tensor import _torch_like, _torch_quick
-from fastring.api.allreduce import _lone_allreduce, _plain_allreduce_async
 from fastring._horovod import (Adasum, Average, Max, Min, Product, Sum, cross_rank, cross_size, is_initialized,
                                local_rank, local_size, rank, shutdown, size, ProcessSet, add_process_set, ccl_built, compressed, cuda_built, ddl_built, full_name, gloo_built, gloo_enabled,
-                               global_process_set, horovod_op, init, is_native, mpi_built, mpi_enabled,
+                               global_process_set, horovod_op, init, is_native, lean_allreduce, mpi_built, mpi_enabled,
                                mpi_threads_supported, nccl_built, remove_process_set, rocm_built, start_adasum)
 
 __all__ = [
@@ -139,29 +137,14 @@ class _Adasum(torch.autograd.Function):
 
 
 # ----------------------------------------------------------------- allreduce
-def _lean(tensor: torch.Tensor, op, name, prescale_factor, postscale_factor, process_set, out,
-          asynchronous: bool):
-    """A plain allreduce (a ReduceOp, no compression, no scale factors) of a host tensor into
-    a new tensor (`out` None) or in place (`out` is `tensor`) on the core's lean paths, with
-    none of the general path's translation: its handle (`asynchronous`) or its result; None
-    where the general path must take the call (and raise any error)."""
-    # _plain_args' checks and full_name, inline: a call costs a tenth of a microsecond a tensor
-    if not (type(op) is ReduceOp and type(prescale_factor) is float and prescale_factor == 1.0
-            and type(postscale_factor) is float and postscale_factor == 1.0):
-        return None
-    if type(name) is str:
-        name = "allreduce." + name
-    elif name is not None:
-        return None
-    arr = _torch_quick(tensor)
-    if arr is None:
-        return None
-    if asynchronous:
-        return _plain_allreduce_async(tensor, arr, op, name, out, process_set)
-    result = _lone_allreduce(arr, op, name, arr if out is tensor else None, process_set)
+def _lean(tensor: torch.Tensor, op, name, prescale_factor, postscale_factor, process_set,
+          out: torch.Tensor | None) -> torch.Tensor | None:
+    """`_horovod.lean_allreduce` of a synchronous call: its result as a torch tensor (`out`
+    itself when given); None where the general path must take the call."""
+    result = lean_allreduce(tensor, op, name, prescale_factor, postscale_factor, process_set, out, False)
     if result is None:
         return None
-    return out if out is not None else _torch_like(tensor, result)
+    return out if out is not None else torch.from_numpy(result)
 
 
 class _Allreduce(torch.autograd.Function):
@@ -205,7 +188,7 @@ def allreduce(tensor: torch.Tensor, average: bool | None = None, name: str | Non
         return _Adasum.apply(tensor, name, prescale_factor, postscale_factor, process_set)
     if not (tensor.requires_grad and torch.is_grad_enabled()):  # no graph to record: skip autograd's cost
         if compression is Compression.none:
-            result = _lean(tensor, op, name, prescale_factor, postscale_factor, process_set, None, False)
+            result = _lean(tensor, op, name, prescale_factor, postscale_factor, process_set, None)
             if result is not None:
                 return result
         name = full_name("allreduce", name)
@@ -233,7 +216,7 @@ def allreduce_async(tensor: torch.Tensor, average: bool | None = None, name: str
     op = horovod_op(op, average)
     if op is Adasum:
         return _adasum([tensor], name, prescale_factor, postscale_factor, process_set, None, None).then_first()
-    handle = _lean(tensor, op, name, prescale_factor, postscale_factor, process_set, None, True)
+    handle = lean_allreduce(tensor, op, name, prescale_factor, postscale_factor, process_set, None, True)
     if handle is not None:
         return handle
     return fastring.allreduce_async(tensor, op=op, name=full_name("allreduce", name),
@@ -256,7 +239,7 @@ def allreduce_(tensor: torch.Tensor, average: bool | None = None, name: str | No
     op = horovod_op(op, average)
     if op is Adasum:
         return _adasum([tensor], name, prescale_factor, postscale_factor, process_set, None, [tensor]).wait()[0]
-    if _lean(tensor, op, name, prescale_factor, postscale_factor, process_set, tensor, False) is not None:
+    if _lean(tensor, op, name, prescale_factor, postscale_factor, process_set, tensor) is not None:
         return tensor
     return fastring.allreduce(tensor, op=op, name=full_name("allreduce", name),
                               prescale_factor=prescale_factor, postscale_factor=postscale_factor,
@@ -280,7 +263,7 @@ def allreduce_async_(tensor: torch.Tensor, average: bool | None = None, name: st
         if op is Adasum:
             return _adasum([tensor], name, prescale_factor, postscale_factor, process_set, None,
                            [tensor]).then_first()
-    handle = _lean(tensor, op, name, prescale_factor, postscale_factor, process_set, tensor, True)
+    handle = lean_allreduce(tensor, op, name, prescale_factor, postscale_factor, process_set, tensor, True)
     if handle is not None:
         return handle
     return fastring.allreduce_async(tensor, op=op, name=full_name("allreduce", name),

@@ -16,10 +16,11 @@ import torch
 import fastring
 from fastring import Compression, ReduceOp
 
-from fastring._horovod import (ADASUM_OPTIMIZER_UNSUPPORTED, Adasum, full_name, global_process_set, is_native)
+from fastring._horovod import (ADASUM_OPTIMIZER_UNSUPPORTED, Adasum, full_name, global_process_set, is_native,
+                               lean_allreduce)
 
 from .functions import wait_all
-from .mpi_ops import Average, _lean, sparse_allreduce_async
+from .mpi_ops import Average, sparse_allreduce_async
 
 __all__ = ["DistributedOptimizer"]
 
@@ -84,8 +85,8 @@ class _DistributedOptimizer:
         tensor, ctx = p.grad, None
         compression = self._compression
         if compression is Compression.none:
-            handle = _lean(tensor, self.op, self._parameter_names[p], prescale, postscale, self.process_set,
-                           tensor, True)
+            handle = lean_allreduce(tensor, self.op, self._parameter_names[p], prescale, postscale,
+                                    self.process_set, tensor, True)
             if handle is not None:
                 return handle, None
         name = full_name("allreduce", self._parameter_names[p])
