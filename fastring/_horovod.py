@@ -9,7 +9,8 @@ the adapters to come), so that each adapter only converts its tensors:
   the core's, passed through);
 - Horovod-shaped custom compressors (`compress(t) -> (t, ctx)` / `decompress(t, ctx)`),
   applied around a core call, beside the core's own `Compression` (`compressed`);
-- a plain allreduce straight to the core's lean paths, none of the above run (`lean_allreduce`).
+- a plain allreduce straight to the core's lean paths, past `compressed` and the facade's
+  keyword call (`lean_allreduce`).
 
 Adapters import this module and the public `fastring` facade, nothing below them.
 """
@@ -22,7 +23,7 @@ from mpi4py import MPI
 
 import fastring
 from fastring import Compressor, ReduceOp
-from fastring._core.tensor import host_view
+from fastring._core.tensor import host_view, like
 from fastring.api.allreduce import _lone_allreduce, _plain_allreduce_async
 
 Average, Sum, Min, Max, Product = (ReduceOp.Average, ReduceOp.Sum, ReduceOp.Min, ReduceOp.Max,
@@ -185,28 +186,30 @@ def is_native(compression) -> bool:
     return compression is None or isinstance(compression, Compressor)
 
 
-def lean_allreduce(tensor, op, name, prescale_factor, postscale_factor, process_set, out, asynchronous: bool):
+def lean_allreduce(tensor, op, name: str | None, prescale_factor: float, postscale_factor: float, process_set,
+                   out, *, asynchronous: bool) -> Any:
     """An allreduce of Horovod's arguments on the core's lean paths, where they are plain (a
     ReduceOp, a string name or none, scale factors of 1.0, no compression: the caller's to
     check) and the core's quick view reads the tensor's host memory: its Handle
-    (`asynchronous`; `out` None or `tensor`) or its result as a numpy array (the tensor's own
-    memory when `out` is `tensor`); None, having done nothing, where the general path must
-    take the call (and raise any error). None of the translation above runs, and no keyword
-    call into the facade: on a small tensor they cost as much as a tenth of the call.
+    (`asynchronous`) or its result, `out` itself when given or a new tensor of the caller's
+    type; `out` must be None or `tensor`. None, having done nothing, where the general path
+    must take the call (and raise any error). Neither `compressed` nor a keyword call into
+    the facade runs: on a small tensor they cost as much as a tenth of the call.
 
     Example:
         >>> import torch
         >>> fastring.init()
         >>> t = torch.ones(3)
-        >>> lean_allreduce(t, Sum, "w", 1.0, 1.0, None, t, False)   # in place, on 1 rank
-        array([1., 1., 1.], dtype=float32)
-        >>> lean_allreduce(t, Sum, "w", 2.0, 1.0, None, t, False) is None   # a scale factor
+        >>> lean_allreduce(t, Sum, "w", 1.0, 1.0, None, None, asynchronous=False)   # on 1 rank
+        tensor([1., 1., 1.])
+        >>> lean_allreduce(t, Sum, "w", 2.0, 1.0, None, t, asynchronous=False) is None   # a scale factor
         True
     """
-    # the checks of the core's _plain_args and full_name, inline: a call costs a tenth of a
-    # microsecond here
+    # api.allreduce._plain_args' checks and full_name, inline: their two calls would cost as
+    # much as this step saves an asynchronous call
     if not (type(op) is ReduceOp and type(prescale_factor) is float and prescale_factor == 1.0
-            and type(postscale_factor) is float and postscale_factor == 1.0):
+            and type(postscale_factor) is float and postscale_factor == 1.0
+            and (out is None or out is tensor)):
         return None
     if type(name) is str:
         name = "allreduce." + name
@@ -217,7 +220,10 @@ def lean_allreduce(tensor, op, name, prescale_factor, postscale_factor, process_
         return None
     if asynchronous:
         return _plain_allreduce_async(tensor, view, op, name, out, process_set)
-    return _lone_allreduce(view, op, name, view if out is tensor else None, process_set)
+    result = _lone_allreduce(view, op, name, view if out is tensor else None, process_set)
+    if result is None:
+        return None
+    return out if out is not None else like(tensor, result)
 
 
 def compressed_all(tensors: list, compression, reduce) -> list:

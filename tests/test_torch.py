@@ -181,31 +181,32 @@ def test_quick_host_view_and_the_async_path_of_every_kind_of_tensor(one_rank):
         hvd.synchronize(hvd.allreduce_async_(t.to("meta"), op=hvd.Sum))
 
 
-def test_the_lean_path_takes_plain_calls_and_leaves_every_other_to_the_general_path(one_rank):
-    """_horovod.lean_allreduce (and mpi_ops._lean, its synchronous torch form): a plain
-    allreduce (a ReduceOp, no scale factors, a host tensor numpy can view) skips Horovod's
-    translation; anything else returns None, having done nothing, and the general path gets
-    it right or raises."""
+def test_the_lean_path_takes_plain_calls_and_leaves_every_other_to_the_general_path(one_rank, monkeypatch):
+    """_horovod.lean_allreduce: a plain allreduce (a ReduceOp, no scale factors, a host tensor
+    numpy can view) skips the rest of Horovod's translation; anything else returns None,
+    having done nothing, and the general path gets it right or raises. Every plain entry
+    point of fastring.torch, the optimizer's hook included, takes it."""
     from fastring import Handle
-    from fastring._horovod import lean_allreduce
+    from fastring._core.runtime import runtime
 
+    lean = _horovod.lean_allreduce
     t = torch.arange(6, dtype=torch.float32).reshape(2, 3)
-    handle = lean_allreduce(t, hvd.Sum, "lean", 1.0, 1.0, hvd.global_process_set, t, True)
+    handle = lean(t, hvd.Sum, "lean", 1.0, 1.0, hvd.global_process_set, t, asynchronous=True)
     assert type(handle) is Handle and handle.name == "allreduce.lean" and hvd.synchronize(handle) is t
-    unnamed = lean_allreduce(t, hvd.Sum, None, 1.0, 1.0, None, None, True)
+    unnamed = lean(t, hvd.Sum, None, 1.0, 1.0, None, None, asynchronous=True)
     assert type(unnamed) is Handle and ".noname." in unnamed.name
-    assert mpi_ops._lean(t, hvd.Sum, "queued", 1.0, 1.0, None, t) is None  # not alone: general path
-    assert torch.equal(hvd.synchronize(unnamed), t)
-    assert mpi_ops._lean(t, hvd.Sum, "lean", 1.0, 1.0, None, t) is t
-    copy = mpi_ops._lean(t, hvd.Sum, "lean", 1.0, 1.0, None, None)
-    assert torch.equal(copy, t) and copy.data_ptr() != t.data_ptr()
+    assert torch.equal(hvd.synchronize(unnamed), t) and hvd.synchronize(unnamed) is not t
+    assert lean(t, hvd.Sum, "sync", 1.0, 1.0, None, t, asynchronous=False) is t
+    assert "allreduce.sync" in runtime().engine._lone_calls  # the lean call's name, prefixed
+    copy = lean(t, hvd.Sum, "sync", 1.0, 1.0, None, None, asynchronous=False)
+    assert type(copy) is torch.Tensor and torch.equal(copy, t) and copy.data_ptr() != t.data_ptr()
     bf16 = torch.ones(2, dtype=torch.bfloat16)
     for args in ((t, 0, "n", 1.0, 1.0), (t, hvd.Sum, 7, 1.0, 1.0), (t, hvd.Sum, "n", 2.0, 1.0),
                  (t, hvd.Sum, "n", 1, 1.0), (t, hvd.Sum, "n", 1.0, 0.5), (bf16, hvd.Sum, "n", 1.0, 1.0),
                  (torch.ones(2, requires_grad=True), hvd.Sum, "n", 1.0, 1.0), (t.to("meta"), hvd.Sum, "n", 1.0, 1.0)):
-        for out in (None, args[0]):
-            assert mpi_ops._lean(*args, None, out) is None, (args, out)
-            assert lean_allreduce(*args, None, out, True) is None, (args, out)
+        for out in (None, args[0], torch.empty_like(args[0])):  # another out: not the lean path's
+            for asynchronous in (True, False):
+                assert lean(*args, None, out, asynchronous=asynchronous) is None, (args, out, asynchronous)
     # what the lean path leaves, the general path does: scale factors, an int op, bfloat16 ...
     x = torch.tensor([1.0, -3.0])
     assert torch.equal(hvd.allreduce(x, op=hvd.Sum, prescale_factor=2.0, name="scaled"), torch.tensor([2.0, -6.0]))
@@ -221,6 +222,26 @@ def test_the_lean_path_takes_plain_calls_and_leaves_every_other_to_the_general_p
     result = hvd.allreduce(y, op=hvd.Sum, name="own")
     y += 1
     assert torch.equal(result, torch.tensor([0.1, 0.2], dtype=torch.float64))
+    # every plain entry point goes through it (the optimizer's hook: called directly, as one
+    # rank registers none)
+    taken = []
+
+    def counted(*args, **kwargs):
+        taken.append(args[2])
+        return lean(*args, **kwargs)
+    monkeypatch.setattr(mpi_ops, "lean_allreduce", counted)
+    monkeypatch.setattr(optimizer, "lean_allreduce", counted)
+    z = torch.ones(3)
+    hvd.allreduce(z, name="a")
+    hvd.allreduce_(z, name="b")
+    hvd.synchronize(hvd.allreduce_async(z, name="c"))
+    hvd.synchronize(hvd.allreduce_async_(z, name="d"))
+    model = torch.nn.Linear(2, 1)
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                   named_parameters=model.named_parameters())
+    model(torch.ones(1, 2)).sum().backward()
+    hvd.synchronize(opt._allreduce_grad_async(model.weight)[0])
+    assert taken == ["a", "b", "c", "d", "weight"]
 
 
 def test_distributed_optimizer_is_the_wrapped_class_and_shares_its_state(one_rank):

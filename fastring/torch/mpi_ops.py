@@ -137,16 +137,6 @@ class _Adasum(torch.autograd.Function):
 
 
 # ----------------------------------------------------------------- allreduce
-def _lean(tensor: torch.Tensor, op, name, prescale_factor, postscale_factor, process_set,
-          out: torch.Tensor | None) -> torch.Tensor | None:
-    """`_horovod.lean_allreduce` of a synchronous call: its result as a torch tensor (`out`
-    itself when given); None where the general path must take the call."""
-    result = lean_allreduce(tensor, op, name, prescale_factor, postscale_factor, process_set, out, False)
-    if result is None:
-        return None
-    return out if out is not None else torch.from_numpy(result)
-
-
 class _Allreduce(torch.autograd.Function):
     """Forward: the core's allreduce. Backward: the same allreduce (op and scales) of the
     gradient, as Horovod."""
@@ -188,7 +178,8 @@ def allreduce(tensor: torch.Tensor, average: bool | None = None, name: str | Non
         return _Adasum.apply(tensor, name, prescale_factor, postscale_factor, process_set)
     if not (tensor.requires_grad and torch.is_grad_enabled()):  # no graph to record: skip autograd's cost
         if compression is Compression.none:
-            result = _lean(tensor, op, name, prescale_factor, postscale_factor, process_set, None)
+            result = lean_allreduce(tensor, op, name, prescale_factor, postscale_factor, process_set, None,
+                                    asynchronous=False)
             if result is not None:
                 return result
         name = full_name("allreduce", name)
@@ -216,7 +207,8 @@ def allreduce_async(tensor: torch.Tensor, average: bool | None = None, name: str
     op = horovod_op(op, average)
     if op is Adasum:
         return _adasum([tensor], name, prescale_factor, postscale_factor, process_set, None, None).then_first()
-    handle = lean_allreduce(tensor, op, name, prescale_factor, postscale_factor, process_set, None, True)
+    handle = lean_allreduce(tensor, op, name, prescale_factor, postscale_factor, process_set, None,
+                            asynchronous=True)
     if handle is not None:
         return handle
     return fastring.allreduce_async(tensor, op=op, name=full_name("allreduce", name),
@@ -239,7 +231,8 @@ def allreduce_(tensor: torch.Tensor, average: bool | None = None, name: str | No
     op = horovod_op(op, average)
     if op is Adasum:
         return _adasum([tensor], name, prescale_factor, postscale_factor, process_set, None, [tensor]).wait()[0]
-    if _lean(tensor, op, name, prescale_factor, postscale_factor, process_set, tensor) is not None:
+    if lean_allreduce(tensor, op, name, prescale_factor, postscale_factor, process_set, tensor,
+                      asynchronous=False) is not None:
         return tensor
     return fastring.allreduce(tensor, op=op, name=full_name("allreduce", name),
                               prescale_factor=prescale_factor, postscale_factor=postscale_factor,
@@ -263,7 +256,8 @@ def allreduce_async_(tensor: torch.Tensor, average: bool | None = None, name: st
         if op is Adasum:
             return _adasum([tensor], name, prescale_factor, postscale_factor, process_set, None,
                            [tensor]).then_first()
-    handle = lean_allreduce(tensor, op, name, prescale_factor, postscale_factor, process_set, tensor, True)
+    handle = lean_allreduce(tensor, op, name, prescale_factor, postscale_factor, process_set, tensor,
+                            asynchronous=True)
     if handle is not None:
         return handle
     return fastring.allreduce_async(tensor, op=op, name=full_name("allreduce", name),

@@ -86,7 +86,7 @@ class _DistributedOptimizer:
         compression = self._compression
         if compression is Compression.none:
             handle = lean_allreduce(tensor, self.op, self._parameter_names[p], prescale, postscale,
-                                    self.process_set, tensor, True)
+                                    self.process_set, tensor, asynchronous=True)
             if handle is not None:
                 return handle, None
         name = full_name("allreduce", self._parameter_names[p])
