@@ -176,17 +176,17 @@ def allreduce(tensor: torch.Tensor, average: bool | None = None, name: str | Non
         if not is_native(compression) or getattr(compression, "wire", None) is not None:
             raise ValueError("op=Adasum takes no compression")
         return _Adasum.apply(tensor, name, prescale_factor, postscale_factor, process_set)
-    if not (tensor.requires_grad and torch.is_grad_enabled()):  # no graph to record: skip autograd's cost
-        if compression is Compression.none:
-            result = lean_allreduce(tensor, op, name, prescale_factor, postscale_factor, process_set, None,
-                                    asynchronous=False)
-            if result is not None:
-                return result
-        name = full_name("allreduce", name)
+    no_graph = not (tensor.requires_grad and torch.is_grad_enabled())  # then skip autograd's cost
+    if no_graph and compression is Compression.none:
+        result = lean_allreduce(tensor, op, name, prescale_factor, postscale_factor, process_set, None,
+                                asynchronous=False)
+        if result is not None:
+            return result
+    name = full_name("allreduce", name)
+    if no_graph:
         return compressed(compression, tensor, lambda t, c: fastring.allreduce(
             t, op=op, name=name, compression=c, prescale_factor=prescale_factor,
             postscale_factor=postscale_factor, process_set=process_set))
-    name = full_name("allreduce", name)
     return compressed(compression, tensor, lambda t, c: _Allreduce.apply(
         t, op, name, c, prescale_factor, postscale_factor, process_set))
 
