@@ -254,38 +254,52 @@ def test_automatic_names_hash_apart_alike_on_every_process():
 
 
 def test_the_background_thread_leaves_a_burst_to_its_submitter_for_a_bounded_time():
-    """The background thread's decision after its cycle time: nothing queued, nothing to do
-    (None) unless another rank still has work (0: cycle now); a queue whose submissions keep
-    coming, or that a thread drives itself, is left alone until its oldest request has waited
-    BURST_MOST_CYCLES cycle times (the seconds returned); a quiet queue nobody drives runs now."""
-    from types import SimpleNamespace
+    """The background thread's decision at each look (Gate.decide, once a cycle time): with
+    nothing queued, run a cycle if another rank still has work, else look again until nothing
+    was submitted for POLL_IDLE_CYCLES, then wait for a wake-up (IDLE); a queue whose
+    submissions keep coming, or that a thread drives itself, is left alone until its oldest
+    request has waited BURST_MOST_CYCLES cycle times (or those left after this thread's last
+    cycle, since it); a quiet queue nobody drives runs now; a closed gate stops. Its docstring
+    example runs too."""
+    from fastring._core.config import BURST_MOST_CYCLES, BURST_QUIET_CYCLES, POLL_IDLE_CYCLES
+    from fastring._transport.gate import IDLE, RUN, STOP, Gate
 
-    from fastring._core.config import BURST_MOST_CYCLES, BURST_QUIET_CYCLES
-    from fastring._core.runtime import runtime
-
-    fastring.init()
-    engine = runtime().engine
+    queue: dict = {}
+    gate = Gate(queue, BURST_QUIET_CYCLES, BURST_MOST_CYCLES, POLL_IDLE_CYCLES)
     cycle, now = 0.001, 1000.0
-    with engine._cycle_lock:  # the engine's own cycles must not see the made-up queue
-        saved = engine._pending, engine._keep_cycling, engine._last_submit, engine._drivers
-        try:
-            engine._pending, engine._keep_cycling, engine._drivers = {}, False, 0
-            assert engine._burst_wait(cycle, now) is None
-            engine._keep_cycling = True
-            assert engine._burst_wait(cycle, now) == 0.0
-            engine._pending = {"a": SimpleNamespace(submitted=now - 0.002), "b": SimpleNamespace(submitted=now)}
-            engine._last_submit = now - 0.9 * BURST_QUIET_CYCLES * cycle   # still coming
-            assert engine._burst_wait(cycle, now) == pytest.approx(BURST_MOST_CYCLES * cycle - 0.002)
-            engine._keep_cycling = False
-            assert engine._burst_wait(cycle, now) == pytest.approx(BURST_MOST_CYCLES * cycle - 0.002)
-            engine._last_submit = now - 1.1 * BURST_QUIET_CYCLES * cycle   # quiet: nobody drives
-            assert engine._burst_wait(cycle, now) == 0.0
-            engine._drivers = 1                                            # quiet, but driven
-            assert engine._burst_wait(cycle, now) == pytest.approx(BURST_MOST_CYCLES * cycle - 0.002)
-            engine._pending["a"].submitted = now - BURST_MOST_CYCLES * cycle  # waited long enough
-            assert engine._burst_wait(cycle, now) == 0.0
-        finally:
-            engine._pending, engine._keep_cycling, engine._last_submit, engine._drivers = saved
+    most, quiet = BURST_MOST_CYCLES * cycle, BURST_QUIET_CYCLES * cycle
+    gate.submitted(now - 0.9 * POLL_IDLE_CYCLES * cycle)
+    assert gate.decide(now, cycle) is None                       # idle, but not for long
+    gate.submitted(now - 1.1 * POLL_IDLE_CYCLES * cycle)
+    assert gate.decide(now, cycle) == IDLE
+    gate.keep_cycling = True                                     # another rank has work
+    assert gate.decide(now, cycle) == RUN
+
+    queue["a"] = object()
+    gate.submitted(now - 0.5 * most)                             # the oldest
+    queue["b"] = object()
+    gate.submitted(now - 0.9 * quiet)                            # still coming
+    assert gate.decide(now, cycle) is None
+    gate.keep_cycling = False
+    assert gate.decide(now, cycle) is None
+    assert gate.decide(now + 1.1 * quiet, cycle) == RUN           # quiet, and nobody drives
+    gate.drivers = 1                                             # quiet, but driven...
+    assert gate.decide(now + 1.2 * quiet, cycle) is None         # (the run above began a new wait)
+    assert gate.decide(now + 1.1 * quiet + 0.9 * most, cycle) is None
+    assert gate.decide(now + 1.1 * quiet + 1.1 * most, cycle) == RUN  # ...until it waited long enough
+
+    queue.clear()                                                # a new burst: its first request
+    queue["c"] = object()                                        # is the oldest
+    gate.submitted(now + 10 * most)
+    assert gate.decide(now + 10.9 * most, cycle) is None
+    assert gate.decide(now + 11.1 * most, cycle) == RUN
+    gate.close()
+    assert gate.decide(now, cycle) == STOP
+    assert gate.wait(cycle) == STOP
+
+    from conftest import check_doctests
+    from fastring._transport import gate as gate_module
+    check_doctests((gate_module,), more_than=5)
 
 
 def test_a_steady_stream_of_submissions_still_completes_without_a_wait():

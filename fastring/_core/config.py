@@ -200,11 +200,15 @@ RETRY_COST_SHARE = 0.01
 # a timed call costs one small allreduce more to agree on the time.
 PATH_TIMING_PERIOD_CALLS = 64
 # The background thread leaves the queue alone while submissions keep coming (one within this
-# share of a cycle time, FASTRING_CYCLE_TIME) or another thread drives its own cycles, until a
-# request has waited this many cycle times: a burst fuses into one cycle, and a steady stream
-# still progresses (fastring.engine.engine.Engine._burst_wait).
+# share of a cycle time, FASTRING_CYCLE_TIME) or another thread drives its own cycles, until
+# the queue has been non-empty this many cycle times: a burst fuses into one cycle, and a
+# steady stream still progresses (fastring._transport.gate.Gate.decide).
 BURST_QUIET_CYCLES = 0.5
 BURST_MOST_CYCLES = 5
+# It looks at the queue once a cycle time without the GIL until nothing was submitted for this
+# many cycle times, then waits for a submission to wake it: a training loop's steps come
+# sooner, and cost no wake-up; an idle process is not woken a thousand times a second.
+POLL_IDLE_CYCLES = 100
 # Allgathers and alltoalls on one host whose every rank knows the call's bytes (the lean path)
 # choose so between streaming and single copy from this many bytes of output in all up to
 # SHM_STREAM_EXCHANGE_MAX_BYTES; smaller ones stream: a copy between processes costs a

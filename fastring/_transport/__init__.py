@@ -5,6 +5,7 @@ with the GIL released. Layers, each a Cython module that cimports only those lis
 - `mpi`: the error check, dtype/op codes, exchange helpers and `TransportBase`, the
   communicator and the state the algorithms keep with it.
 - `ring`, `doubling`, `cycle`, `broadcast`, `alltoall`: the algorithms, one module each.
+- `gate`: `Gate`, where the engine's background thread waits for work, GIL released.
 - `shm`: `SharedSegment`, the one-host shared-memory segment and the collectives through it.
 - `transport`: `Transport`, whose methods are the allreduce and negotiation calls.
 - `arrays`: NumPy arrays as raw addresses.
@@ -16,6 +17,7 @@ from .arrays import (array_address, copy_from_array, copy_to_array, gather_strid
                      is_writable_c_contiguous, pieces_of, scatter_to_arrays, views_of)
 from .broadcast import chain_broadcast, single_copy_broadcast, tree_broadcast
 from .cycle import CYCLE_HEADER_WORDS, SPECULATION_FAILED
+from .gate import Gate
 from .mpi import exit_unless_gone_within
 from .ring import ring_reduce_scatter_into, ring_reduce_scatter_to
 from .shm import SharedSegment
@@ -23,7 +25,7 @@ from .tags import Tag
 from .testing import Requests
 from .transport import Transport
 
-__all__ = ["CYCLE_HEADER_WORDS", "SPECULATION_FAILED", "FastringError", "Requests", "SharedSegment", "Tag", "Transport", "array_address",
+__all__ = ["CYCLE_HEADER_WORDS", "SPECULATION_FAILED", "FastringError", "Gate", "Requests", "SharedSegment", "Tag", "Transport", "array_address",
            "chain_broadcast", "copy_from_array", "copy_to_array", "exit_unless_gone_within", "gather_strided", "group_of", "is_c_contiguous",
            "is_writable_c_contiguous", "pairwise_alltoall", "pieces_of", "ring_reduce_scatter_into",
            "ring_reduce_scatter_to", "scatter_to_arrays", "single_copy_broadcast", "tree_broadcast", "views_of"]

@@ -31,13 +31,15 @@ from ..algorithms import broadcast_bytes
 from ..algorithms.collectives import allgather_bytes, allgather_concat
 from .._core import pool as _pool
 from .._core.compression import Compression
-from .._core.config import BURST_MOST_CYCLES, BURST_QUIET_CYCLES, FINALIZE_WAIT_SECONDS, SMALL_MESSAGE_BYTES
+from .._core.config import (BURST_MOST_CYCLES, BURST_QUIET_CYCLES, FINALIZE_WAIT_SECONDS, POLL_IDLE_CYCLES,
+                            SMALL_MESSAGE_BYTES)
 from .._core.dtypes import SUPPORTED, DtypeSpec
 from .._core.errors import FastringError
 from .._core.ops import ReduceOp
 from .._core.work import Entry, Finish, finalizer, nothing, pack, predivides, work_of
 from .._transport import (SPECULATION_FAILED, copy_from_array, copy_to_array, exit_unless_gone_within,
                           is_c_contiguous, is_writable_c_contiguous, views_of)
+from .._transport.gate import IDLE, STOP, Gate
 from .fusion import Executor
 from .negotiation import (HAS_UNCACHED, LEAVING, LEFT_RANK_SHIFT, NO_PAYLOAD, WANT_REPORT, Negotiation,
                           describe_mismatch, is_clean, leaving_flags, ranks_leaving)
@@ -64,7 +66,7 @@ class Engine:
         self.rt = rt
         self.config = rt.config
         self.timeline = Timeline(rt.rank, rt.transport.comm, self.config.timeline)
-        self._queue_lock = threading.Lock()   # guards _pending, _noname and _drivers
+        self._queue_lock = threading.Lock()   # guards _pending, _noname and the gate's drivers
         self._cycle_lock = threading.Lock()   # one cycle at a time, on any thread
         self._wake = threading.Condition()
         self._done_cv = threading.Condition()  # threads waiting on a handle another runs
@@ -82,9 +84,10 @@ class Engine:
         self._first_report = stall_interval(self.config, 0.0)  # a new request's first inspection
         self._broken: BaseException | None = None
         self._thread: threading.Thread | None = None
-        self._asleep = False  # the background thread waits (or is about to) for work
-        self._last_submit = 0.0  # time.monotonic() of the latest submission
-        self._drivers = 0  # threads in drive(), which run cycles until their handle completes
+        self._asleep = False  # the background thread waits in Python (or is about to) for work
+        # where the background thread waits with the GIL released: it reads the queue, the
+        # latest submission's time, the threads in drive() and _keep_cycling's copy
+        self._gate = Gate(self._pending, BURST_QUIET_CYCLES, BURST_MOST_CYCLES, POLL_IDLE_CYCLES)
         self._running = True
         self._neg = Negotiation(rt.transport, StallReporter(self.config.stall_check_time,
                                                             self.config.stall_shutdown_time),
@@ -130,7 +133,7 @@ class Engine:
         if self._broken is not None:
             raise FastringError(f"fastring cannot run collectives after: {described(self._broken)}")
         # (its signature hash is taken when a cycle proposes it: most queued requests never are)
-        request.submitted = self._last_submit = now = time.monotonic()
+        request.submitted = now = time.monotonic()
         request.next_report = now + self._first_report
         name = request.name
         with self._queue_lock:
@@ -138,10 +141,11 @@ class Engine:
                 raise ValueError(f"a collective named '{name}' is already in flight; "
                                  "wait for it before submitting the name again")
             self._pending[name] = request
+        self._gate.submitted(now)
         if self.timeline.recording:
             self.timeline.begin(name, "queued")
-        # Wake the background thread only if it waits (a burst of submissions costs one
-        # wake-up, not one each): it raises _asleep before it looks at the queue, so one that
+        # Wake the background thread only if it waits in Python, idle for long (the gate finds
+        # the request otherwise): it raises _asleep before it looks at the queue, so one that
         # did not see this request yet will.
         if background and (self._asleep or self._thread is None):
             self._start_background()
@@ -367,7 +371,8 @@ class Engine:
 
     def _settle(self, name: str, fields: tuple) -> None:
         """A cycle agreed on (name, fields) alone: the cache remembers it, speculation goes on."""
-        self._speculate, self._keep_cycling = True, False
+        self._speculate = True
+        self._keep_cycling = self._gate.keep_cycling = False
         self._neg.remember(name, fields)
 
     def _lone_failed(self, req: Request, outcome: tuple, words: int, h: int | None = None) -> Request:
@@ -381,6 +386,7 @@ class Engine:
             req.next_report = req.submitted + stall_interval(self.config, 0.0)
             with self._queue_lock:
                 self._pending[req.name] = req
+            self._gate.submitted(req.submitted)
         self._after_exchange(outcome, words, [req], {}, req)
         return req
 
@@ -396,12 +402,12 @@ class Engine:
         """Run cycles on this thread until `handle` completes (or wait if another thread is)."""
         idle_pause = self.config.cycle_time_ms / 1000.0
         with self._queue_lock:
-            self._drivers += 1
+            self._gate.drivers += 1
         try:
             self._drive(handle, idle_pause)
         finally:
             with self._queue_lock:
-                self._drivers -= 1
+                self._gate.drivers -= 1
             if self._keep_cycling or self._pending:
                 self._start_background()
 
@@ -442,27 +448,22 @@ class Engine:
 
     def _background(self) -> None:
         cycle_s = self.config.cycle_time_ms / 1000.0
+        gate = self._gate
         while True:
-            with self._wake:
-                while True:
-                    self._asleep = True  # before looking: see submit
-                    if not (self._running and not (self._pending or self._keep_cycling)):
-                        break
-                    self._wake.wait()
-                self._asleep = False
-                if not self._running:
-                    return
-            # Let a burst of asynchronous submissions gather so that they fuse.
-            time.sleep(cycle_s)
-            wait = self._burst_wait(cycle_s, time.monotonic())
-            while wait:  # looked at again every cycle time: a burst that stops runs soon
-                with self._wake:  # shutdown's notice ends the wait
+            decision = gate.wait(cycle_s)  # GIL released until there is something to do
+            if decision == STOP:
+                return
+            if decision == IDLE:
+                with self._wake:
+                    while True:
+                        self._asleep = True  # before looking: see submit
+                        if not (self._running and not (self._pending or self._keep_cycling)):
+                            break
+                        self._wake.wait()
+                    self._asleep = False
                     if not self._running:
-                        break
-                    self._wake.wait(min(wait, cycle_s))
-                wait = self._burst_wait(cycle_s, time.monotonic())
-            if wait is None:  # nothing queued: wait for a submission
-                continue
+                        return
+                continue  # the gate lets a burst that woke the thread gather
             with self._cycle_lock:
                 if self._running and (self._pending or self._keep_cycling) and self._broken is None:
                     try:
@@ -470,27 +471,12 @@ class Engine:
                     except BaseException as e:  # noqa: BLE001 - delivered to every waiter
                         self._abandon(e)
 
-    def _burst_wait(self, cycle_s: float, now: float) -> float | None:
-        """How long the background thread leaves the queue alone: 0 when it runs a cycle now
-        (also with nothing queued here while another rank still has work), None when nothing
-        is queued. While submissions keep coming (one within BURST_QUIET_CYCLES of a cycle
-        time) or a thread drives its own cycles, which run the whole queue, until the oldest
-        request has waited BURST_MOST_CYCLES cycle times: a cycle of this thread's in the
-        middle of a burst split it, and took turns on the interpreter lock with the thread
-        submitting it."""
-        with self._queue_lock:
-            oldest = next(iter(self._pending.values()), None)
-        if oldest is None:
-            return 0.0 if self._keep_cycling else None
-        left = oldest.submitted + BURST_MOST_CYCLES * cycle_s - now
-        busy = self._drivers > 0 or now - self._last_submit < BURST_QUIET_CYCLES * cycle_s
-        return left if left > 0 and busy else 0.0
-
     def shutdown(self) -> None:
         """Leave: one last cycle tells every other rank that this one is shutting down (their
         pending collectives fail with an error naming it instead of waiting forever), then
         fail what is pending here and stop. Never waits for a collective to complete."""
         together = True
+        self._gate.close()
         with self._cycle_lock:
             self._running = False
             if self._broken is None and self.rt.size > 1:
@@ -536,7 +522,8 @@ class Engine:
         if broken:
             self._broken = error
         with self._queue_lock:
-            pending, self._pending = list(self._pending.values()), {}
+            pending = list(self._pending.values())
+            self._pending.clear()  # in place: the gate reads this dict
         for r in pending:
             r.handle._finish(error=error if isinstance(error, FastringError) else FastringError(described(error)))
 
@@ -630,7 +617,7 @@ class Engine:
         else:
             ready, errors = [], []
         ready = agreed + ready
-        self._keep_cycling = leftover or spec_hash == SPECULATION_FAILED
+        self._keep_cycling = self._gate.keep_cycling = leftover or spec_hash == SPECULATION_FAILED
         for name, message in errors:
             local = self._pending.get(name)
             if local is not None:
