@@ -113,6 +113,32 @@ def test_duplicate_name_in_flight_single_rank():
             fastring.allreduce(np.ones(2), name="twice")
     assert h.wait().tolist() == [1.0, 1.0]
 
+    # threads racing to queue one name: exactly one does, every other gets the error
+    import sys
+    import threading
+    outcomes: list = []
+
+    def race():
+        try:
+            outcomes.append(fastring.allreduce_async(np.ones(2), name="raced", op=fastring.Sum))
+        except ValueError as e:
+            outcomes.append(e)
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        with engine._cycle_lock:
+            threads = [threading.Thread(target=race) for _ in range(8)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+    finally:
+        sys.setswitchinterval(interval)
+    handles = [o for o in outcomes if not isinstance(o, ValueError)]
+    assert len(outcomes) == 8 and len(handles) == 1
+    assert handles[0].wait().tolist() == [1.0, 1.0]
+
 
 def test_timeline_api_validates_path():
     fastring.init()
