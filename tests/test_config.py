@@ -22,7 +22,8 @@ def test_values_are_read():
 
 @pytest.mark.parametrize("key, value", [("FASTRING_FUSION_THRESHOLD", "lots"), ("FASTRING_FUSION_THRESHOLD", "-1"),
                                         ("FASTRING_LOG_LEVEL", "loud"),
-                                        ("FASTRING_CYCLE_TIME", "fast"), ("FASTRING_SHM", "yes")])
+                                        ("FASTRING_CYCLE_TIME", "fast"), ("FASTRING_CYCLE_TIME", "nan"),
+                                        ("FASTRING_STALL_CHECK_TIME", "inf"), ("FASTRING_SHM", "yes")])
 def test_bad_values_name_the_variable(key, value):
     with pytest.raises(ValueError, match=key):
         _config.from_environment({key: value})

@@ -285,8 +285,8 @@ def test_the_background_thread_leaves_a_burst_to_its_submitter_for_a_bounded_tim
     was submitted for POLL_IDLE_CYCLES, then wait for a wake-up (IDLE); a queue whose
     submissions keep coming, or that a thread drives itself, is left alone until its oldest
     request has waited BURST_MOST_CYCLES cycle times (or those left after this thread's last
-    cycle, since it); a quiet queue nobody drives runs now; a closed gate stops. Its docstring
-    example runs too."""
+    cycle, since it); a quiet queue nobody drives runs now; a closed gate stops; a wait looks
+    first a cycle time after its call. Its docstring example runs too."""
     from fastring._core.config import BURST_MOST_CYCLES, BURST_QUIET_CYCLES, POLL_IDLE_CYCLES
     from fastring._transport.gate import IDLE, RUN, STOP, Gate
 
@@ -301,10 +301,10 @@ def test_the_background_thread_leaves_a_burst_to_its_submitter_for_a_bounded_tim
     gate.keep_cycling = True                                     # another rank has work
     assert gate.decide(now, cycle) == RUN
 
+    gate.submitted(now - 0.5 * most)                             # the oldest (told, then queued)
     queue["a"] = object()
-    gate.submitted(now - 0.5 * most)                             # the oldest
-    queue["b"] = object()
     gate.submitted(now - 0.9 * quiet)                            # still coming
+    queue["b"] = object()
     assert gate.decide(now, cycle) is None
     gate.keep_cycling = False
     assert gate.decide(now, cycle) is None
@@ -315,17 +315,46 @@ def test_the_background_thread_leaves_a_burst_to_its_submitter_for_a_bounded_tim
     assert gate.decide(now + 1.1 * quiet + 1.1 * most, cycle) == RUN  # ...until it waited long enough
 
     queue.clear()                                                # a new burst: its first request
-    queue["c"] = object()                                        # is the oldest
-    gate.submitted(now + 10 * most)
+    gate.submitted(now + 10 * most)                              # is the oldest
+    queue["c"] = object()
     assert gate.decide(now + 10.9 * most, cycle) is None
     assert gate.decide(now + 11.1 * most, cycle) == RUN
     gate.close()
     assert gate.decide(now, cycle) == STOP
     assert gate.wait(cycle) == STOP
 
+    # the first look comes a cycle time after the call: the thread's cycles come no faster
+    import time
+    pacing = Gate({}, BURST_QUIET_CYCLES, BURST_MOST_CYCLES, POLL_IDLE_CYCLES)
+    pacing.keep_cycling = True
+    start = time.monotonic()
+    assert pacing.wait(0.02) == RUN
+    assert time.monotonic() - start >= 0.02
+
     from conftest import check_doctests
     from fastring._transport import gate as gate_module
     check_doctests((gate_module,), more_than=5)
+
+
+def test_a_submission_wakes_a_background_thread_idle_for_long():
+    """After POLL_IDLE_CYCLES cycle times with no submission the background thread waits in
+    Python for a wake-up: a request nobody waits on still completes."""
+    import time
+
+    from fastring._core.config import POLL_IDLE_CYCLES
+    from fastring._core.runtime import runtime
+
+    fastring.init()
+    fastring.allreduce_async(np.ones(2), op=fastring.Sum, name="idle.first").wait()  # the thread exists
+    engine = runtime().engine
+    time.sleep(3 * POLL_IDLE_CYCLES * engine.config.cycle_time_ms / 1000.0)
+    assert engine._asleep  # waiting to be woken
+    h = fastring.allreduce_async(np.arange(3.0), op=fastring.Sum, name="idle.second")
+    deadline = time.monotonic() + 10.0
+    while not h.done() and time.monotonic() < deadline:
+        time.sleep(0.001)
+    assert h.done()
+    assert h.wait().tolist() == [0.0, 1.0, 2.0]
 
 
 def test_a_steady_stream_of_submissions_still_completes_without_a_wait():

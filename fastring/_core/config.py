@@ -2,6 +2,7 @@
 algorithm thresholds measured on the reference machine (see BENCHMARKS.md)."""
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass
 
@@ -200,9 +201,10 @@ RETRY_COST_SHARE = 0.01
 # a timed call costs one small allreduce more to agree on the time.
 PATH_TIMING_PERIOD_CALLS = 64
 # The background thread leaves the queue alone while submissions keep coming (one within this
-# share of a cycle time, FASTRING_CYCLE_TIME) or another thread drives its own cycles, until
-# the queue has been non-empty this many cycle times: a burst fuses into one cycle, and a
-# steady stream still progresses (fastring._transport.gate.Gate.decide).
+# share of a cycle time, FASTRING_CYCLE_TIME) or another thread drives its own cycles, for this
+# many cycle times from the oldest request's submission (or its own last cycle, where that
+# came later): a burst fuses into one cycle, and a steady stream still progresses
+# (fastring._transport.gate.Gate.decide).
 BURST_QUIET_CYCLES = 0.5
 BURST_MOST_CYCLES = 5
 # It looks at the queue once a cycle time without the GIL until nothing was submitted for this
@@ -305,8 +307,8 @@ def _number(env: dict, key: str, default, cast):
         value = cast(raw)
     except ValueError:
         raise ValueError(f"{key}={raw!r} is not a valid {cast.__name__}") from None
-    if value < 0:
-        raise ValueError(f"{key}={raw!r} must not be negative")
+    if not math.isfinite(value) or value < 0:
+        raise ValueError(f"{key}={raw!r} must be a finite number, not negative")
     return value
 
 

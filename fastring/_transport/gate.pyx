@@ -8,7 +8,8 @@ of small tensors costs most (about 0.5 us a tensor where the submitting framewor
 the lock between calls). The gate keeps what the background thread's decision needs where C
 can read it: the queue (a dict, whose size is read without the lock), the time of the latest
 submission, how many threads drive their own cycles, whether another rank still has work. It
-looks once a cycle time and takes the lock only to act.
+looks once a cycle time (the first look, too, a cycle time after the call: a burst gathers,
+and the thread's own cycles come no faster) and takes the lock only to act.
 """
 
 from cpython.object cimport PyObject
@@ -32,7 +33,7 @@ RUN, IDLE, STOP = _RUN, _IDLE, _STOP
 cdef class Gate:
     """The background thread's view of one engine's queue.
 
-    The engine calls `submitted` after it queues a request, and sets `drivers` (threads in
+    The engine calls `submitted` before it queues a request, and sets `drivers` (threads in
     its drive loop) and `keep_cycling` (another rank still had work after the last cycle);
     `queue` is the engine's dict of queued requests, emptied in place, never replaced.
     `quiet_cycles`, `most_cycles` and `idle_cycles` are in cycle times (see `decide`).
@@ -45,7 +46,7 @@ cdef class Gate:
         True
         >>> gate.decide(10.2, 0.001) == IDLE
         True
-        >>> queue["a"] = object(); gate.submitted(10.2)
+        >>> gate.submitted(10.2); queue["a"] = object()   # told, then queued
         >>> gate.decide(10.2002, 0.001) is None, gate.decide(10.201, 0.001) == RUN  # coming; quiet
         (True, True)
     """
@@ -58,15 +59,16 @@ cdef class Gate:
     cdef double _queued_since  # about when the oldest queued request was submitted
     cdef double _quiet, _most, _idle
 
-    def __init__(self, dict queue not None, double quiet_cycles, double most_cycles, double idle_cycles):
+    def __cinit__(self, dict queue not None, double quiet_cycles, double most_cycles, double idle_cycles):
         self._queue = queue
         self._size = <PyObject*> queue
         self._quiet, self._most, self._idle = quiet_cycles, most_cycles, idle_cycles
 
     def submitted(self, double at) -> None:
-        """A request was queued at `at` (time.monotonic())."""
+        """A request is about to be queued at `at` (time.monotonic()): told first, so that a
+        look that finds it queued finds its time too."""
         self.last_submit = at
-        if PyDict_GET_SIZE(self._size) == 1:  # the queue was empty: this one is the oldest
+        if PyDict_GET_SIZE(self._size) == 0:  # this one will be the oldest
             self._queued_since = at
 
     def close(self) -> None:
@@ -74,18 +76,18 @@ cdef class Gate:
         self._closed = True
 
     def wait(self, double cycle_s) -> int:
-        """Look every `cycle_s` seconds, with the GIL released, until `decide` says RUN,
-        IDLE or STOP; return that."""
+        """Look every `cycle_s` seconds, the first time `cycle_s` from now, with the GIL
+        released, until `decide` says RUN, IDLE or STOP; return that."""
         cdef int decision
         cdef timespec pause
         pause.tv_sec = <long> cycle_s
         pause.tv_nsec = <long> ((cycle_s - pause.tv_sec) * 1e9)
         with nogil:
             while True:
+                nanosleep(&pause, NULL)
                 decision = self._decide(now(), cycle_s)
                 if decision != _LOOK_AGAIN:
                     break
-                nanosleep(&pause, NULL)
         return decision
 
     def decide(self, double at, double cycle_s) -> int | None:
@@ -94,9 +96,9 @@ cdef class Gate:
 
         With requests queued: while submissions keep coming (the latest within `quiet_cycles`)
         or a thread drives its own cycles (which run the whole queue), the queue is left to
-        them until its oldest request has waited `most_cycles` (the requests queued since
-        this thread's last cycle, in a steady stream), so that a burst fuses into one cycle
-        and a steady stream still progresses; otherwise RUN.
+        them for `most_cycles` from the oldest request's submission, or from this thread's
+        last cycle where that came later (a steady stream, whose queue never empties), so
+        that a burst fuses into one cycle and a steady stream still progresses; otherwise RUN.
         With none: RUN if another rank still has work, IDLE once nothing was submitted for
         `idle_cycles`, else look again (a training loop's next burst then costs no wake-up).
         """

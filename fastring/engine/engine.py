@@ -67,7 +67,7 @@ class Engine:
         self.config = rt.config
         self.timeline = Timeline(rt.rank, rt.transport.comm, self.config.timeline)
         # guards _noname, the gate's drivers, and the steps on _pending that must not be split
-        # (submit queues a name in one step of its own)
+        # (submit queues a name in one step of its own, which needs no lock)
         self._queue_lock = threading.Lock()
         self._cycle_lock = threading.Lock()   # one cycle at a time, on any thread
         self._wake = threading.Condition()
@@ -138,12 +138,12 @@ class Engine:
         request.submitted = now = time.monotonic()
         request.next_report = now + self._first_report
         name = request.name
+        self._gate.submitted(now)
         # one step under the GIL, which two threads cannot both take for one name: a lock here
         # cost a fifth of a µs a request
         if self._pending.setdefault(name, request) is not request:
             raise ValueError(f"a collective named '{name}' is already in flight; "
                              "wait for it before submitting the name again")
-        self._gate.submitted(now)
         if self.timeline.recording:
             self.timeline.begin(name, "queued")
         # Wake the background thread only if it waits in Python, idle for long (the gate finds
@@ -386,9 +386,9 @@ class Engine:
         if outcome[1] != req.signature_hash:
             req.submitted = time.monotonic()
             req.next_report = req.submitted + stall_interval(self.config, 0.0)
+            self._gate.submitted(req.submitted)
             with self._queue_lock:
                 self._pending[req.name] = req
-            self._gate.submitted(req.submitted)
         self._after_exchange(outcome, words, [req], {}, req)
         return req
 
@@ -523,9 +523,16 @@ class Engine:
     def _fail_all(self, error: BaseException, broken: bool = True) -> None:
         if broken:
             self._broken = error
+            # nothing can run any more: the background thread stops, not cycles in vain
+            self._keep_cycling = self._gate.keep_cycling = False
+            self._gate.close()
         pending = []
-        while self._pending:  # one request at a time: one queued meanwhile is failed too
-            pending.append(self._pending.popitem()[1])  # (in place: the gate reads this dict)
+        with self._queue_lock:
+            while True:  # one request at a time: one submitted meanwhile is failed too
+                try:
+                    pending.append(self._pending.popitem()[1])  # (in place: the gate reads this dict)
+                except KeyError:
+                    break
         for r in pending:
             r.handle._finish(error=error if isinstance(error, FastringError) else FastringError(described(error)))
 
