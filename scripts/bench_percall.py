@@ -107,7 +107,7 @@ def torch_rows(comm) -> list[dict]:
     rows = []
     for what, ours, peer, batches in (
             ("allreduce_async + synchronize, 100 x 100 float32", torch_async, numpy_async, 1),
-            # as a training loop runs them: the engine's background thread wakes among the batches
+            # as a training loop runs them: the background thread finds the queue busy between batches
             (f"the same, {BATCHES} batches back to back", torch_async, numpy_async, BATCHES),
             ("synchronous allreduce, 100 float32", torch_sync, numpy_sync, 1)):
         mine, theirs = [], []
