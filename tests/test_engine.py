@@ -187,6 +187,32 @@ def test_scatter_to_arrays_fills_every_array_or_none():
         scatter_to_arrays(flat, [a, [1.0]])
 
 
+def test_gather_from_arrays_packs_every_array_or_none():
+    """The one-call packing of a fused batch: byte for byte in order, or nothing at all; the
+    engine then packs with np.concatenate, which gives the same bytes."""
+    from fastring._transport import gather_from_arrays
+    from fastring.engine.fusion import _gather
+
+    a, b = np.arange(4, dtype=np.float32), np.arange(4, 10, dtype=np.float32).reshape(2, 3)
+    flat = np.full(11, -1, np.float32)
+    assert gather_from_arrays(flat, [a, b]) is True
+    assert flat.tolist() == list(range(10)) + [-1]  # the start only
+    frozen = np.zeros(10, np.float32)
+    frozen.flags.writeable = False
+    for target, sources in ((np.zeros(10, np.float32), [a, np.arange(12, dtype=np.float32)[::2]]),  # strided
+                            (frozen, [a, b]),                                                     # read-only
+                            (np.zeros(9, np.float32), [a, b]),                                    # too small
+                            (np.zeros(20, np.float32)[::2], [a, b])):                             # strided target
+        assert gather_from_arrays(target, sources) is False
+        assert not target.any()  # nothing was copied
+    with pytest.raises(TypeError):
+        gather_from_arrays(flat, [a, [1.0]])
+    strided = np.arange(12, dtype=np.float32)[::2]
+    out = np.zeros(10, np.float32)
+    _gather(out, [a, strided])  # the fallback
+    assert out.tolist() == [0, 1, 2, 3, 0, 2, 4, 6, 8, 10]
+
+
 def test_cache_bits_land_in_their_words_and_read_back_in_order(monkeypatch):
     """A cycle's cache bits: each set bit in its word of the ready (AND) and pending (OR)
     vectors, and the ready ones' requests read back in increasing order of their bits, across

@@ -13,7 +13,8 @@ with the GIL released. Layers, each a Cython module that cimports only those lis
 """
 from .._core.errors import FastringError
 from .alltoall import pairwise_alltoall
-from .arrays import (array_address, copy_from_array, copy_to_array, gather_strided, group_of, is_c_contiguous,
+from .arrays import (array_address, copy_from_array, copy_to_array, gather_from_arrays, gather_strided,
+                     group_of, is_c_contiguous,
                      is_writable_c_contiguous, pieces_of, scatter_to_arrays, views_of)
 from .broadcast import chain_broadcast, single_copy_broadcast, tree_broadcast
 from .cycle import CYCLE_HEADER_WORDS, SPECULATION_FAILED
@@ -26,6 +27,6 @@ from .testing import Requests
 from .transport import Transport
 
 __all__ = ["CYCLE_HEADER_WORDS", "SPECULATION_FAILED", "FastringError", "Gate", "Requests", "SharedSegment", "Tag", "Transport", "array_address",
-           "chain_broadcast", "copy_from_array", "copy_to_array", "exit_unless_gone_within", "gather_strided", "group_of", "is_c_contiguous",
+           "chain_broadcast", "copy_from_array", "copy_to_array", "exit_unless_gone_within", "gather_from_arrays", "gather_strided", "group_of", "is_c_contiguous",
            "is_writable_c_contiguous", "pairwise_alltoall", "pieces_of", "ring_reduce_scatter_into",
            "ring_reduce_scatter_to", "scatter_to_arrays", "single_copy_broadcast", "tree_broadcast", "views_of"]
