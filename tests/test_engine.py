@@ -51,6 +51,43 @@ def test_handles_on_one_rank():
         fastring.poll(None)
 
 
+def test_handle_outcomes_and_finish_all():
+    """The handle (fastring/_transport/handle.pyx): an error is raised on every wait, a result
+    returned on every wait, waiters are told once a batch, and finish_all refuses a mismatch."""
+    from conftest import check_doctests
+    from fastring._transport import handle as handle_module
+    from fastring._transport.handle import Handle, finish_all
+
+    class Engine:
+        notified = driven = 0
+
+        def _notify_done(self):
+            Engine.notified += 1
+
+        def drive(self, handle):  # a cycle that finishes the handle, as Engine.drive would
+            Engine.driven += 1
+            handle._finish(error=RuntimeError("lost"))
+
+    failed = Handle(Engine(), "f")
+    assert not failed.done() and repr(failed) == "<fastring Handle 'f' pending>"
+    for _ in range(2):
+        with pytest.raises(RuntimeError, match="lost"):
+            failed.wait()
+    assert Engine.driven == 1 and failed.done() and "done" in repr(failed)
+    handles = [Handle(Engine(), str(i)) for i in range(3)]
+    finish_all(handles, [None, 0, "x"])
+    assert [h.wait() for h in handles] == [None, 0, "x"] and Engine.notified == 2 and Engine.driven == 1
+    with pytest.raises(ValueError, match="2 handles but 1 results"):
+        finish_all(handles[:2], [1])
+    with pytest.raises(TypeError):
+        finish_all([object()], [1])
+    with pytest.raises(TypeError):
+        Handle(Engine(), None)
+    finish_all([], [])  # nothing to finish, nobody told
+    assert Engine.notified == 2
+    check_doctests((handle_module,), more_than=1)
+
+
 def test_grouped_errors():
     fastring.init()
     with pytest.raises(ValueError, match="empty"):

@@ -6,6 +6,7 @@ with the GIL released. Layers, each a Cython module that cimports only those lis
   communicator and the state the algorithms keep with it.
 - `ring`, `doubling`, `cycle`, `broadcast`, `alltoall`: the algorithms, one module each.
 - `gate`: `Gate`, where the engine's background thread waits for work, GIL released.
+- `handle`: `Handle`, the future of one asynchronous collective (re-exported by `fastring`).
 - `shm`: `SharedSegment`, the one-host shared-memory segment and the collectives through it.
 - `transport`: `Transport`, whose methods are the allreduce and negotiation calls.
 - `arrays`: NumPy arrays as raw addresses.

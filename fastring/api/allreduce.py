@@ -16,10 +16,10 @@ from .._core.ops import OP_NAMES, ReduceOp, as_reduce_op
 from .._core.runtime import Runtime, runtime
 from .._core.tensor import as_array, host_view, like
 from .._core.work import AllreduceWork, Entry, work_of
-from .._transport import group_of
+from .._transport import group_of, is_writable_c_contiguous
 from ..algorithms import InCycle
 from ..engine import Handle, Request
-from .process_sets import global_rank, runtime_of
+from .process_sets import global_process_set, global_rank, runtime_of
 from .validation import check_op_for_dtype, entry, factor, is_automatic, request_name
 
 Average, Sum, Min, Max, Product = (ReduceOp.Average, ReduceOp.Sum, ReduceOp.Min,
@@ -229,10 +229,12 @@ def _plain_allreduce_async(tensor, arr: np.ndarray | None, op: ReduceOp, name: s
     plan = _plain_plan(arr, op)
     if plan is None:
         return None
-    engine = runtime_of(process_set).engine
+    # (runtime_of's and entry's common cases inline: a call costs 0.1 us of a 4 us tensor)
+    engine = (runtime() if process_set is None or process_set is global_process_set
+              else runtime_of(process_set)).engine
     name = name or engine.auto_name("allreduce")  # taken first, as the general path does
-    return engine.submit(Request("allreduce", name, plan[1], arr.nbytes, Handle(engine, name), plan[2],
-                                 [entry(tensor, arr, out)]))
+    e = Entry(arr, arr, arr, out) if out is tensor and is_writable_c_contiguous(arr) else entry(tensor, arr, out)
+    return engine.submit(Request("allreduce", name, plan[1], arr.nbytes, Handle(engine, name), plan[2], [e]))
 
 
 def allreduce(tensor, op: ReduceOp = ReduceOp.Average, *, name: str | None = None,

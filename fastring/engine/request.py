@@ -6,54 +6,7 @@ from typing import Any, Callable
 
 from .. import algorithms
 from .._core.work import AllreduceWork, Entry
-
-
-class Handle:
-    """The future of one asynchronous collective; `wait()` returns its result.
-
-    Example:
-        >>> import numpy as np, fastring
-        >>> fastring.init()
-        >>> h = fastring.allreduce_async(np.ones(2), op=fastring.Sum)
-        >>> h.wait()
-        array([1., 1.])
-    """
-
-    __slots__ = ("name", "_engine", "_done", "_result", "_error")
-
-    def __init__(self, engine: Any, name: str):
-        # engine: the Engine that drives this handle's cycles when a caller waits on it
-        self.name = name
-        self._engine = engine
-        self._done = False
-        self._result = None
-        self._error: BaseException | None = None
-
-    def done(self) -> bool:
-        """True once the collective finished (successfully or not); never blocks."""
-        return self._done
-
-    def wait(self):
-        """Block until the collective finishes; return its result or raise its error."""
-        if not self._done:
-            self._engine.drive(self)
-        if self._error is not None:
-            raise self._error
-        return self._result
-
-    def _finish(self, result=None, error: BaseException | None = None) -> None:
-        self._result, self._error = result, error
-        self._done = True
-        self._engine._notify_done()
-
-
-def finish_all(handles: list[Handle], results: list) -> None:
-    """`Handle._finish` of each handle with its result, waiters notified once for all."""
-    for handle, result in zip(handles, results):
-        handle._result = result
-        handle._done = True
-    if handles:
-        handles[0]._engine._notify_done()
+from .._transport.handle import Handle, finish_all  # in C: a burst of tensors makes one each
 
 
 @dataclass(eq=False, slots=True)
