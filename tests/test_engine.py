@@ -287,6 +287,41 @@ def test_cache_bits_land_in_their_words_and_read_back_in_order(monkeypatch):
             neg.clear_bits(words)
 
 
+def test_the_cycle_sorts_requests_by_the_cache_and_marks_bits_in_c():
+    """sort_by_cache: a request is cached when the cache holds its name with the same or
+    equal fields, the speculative one is skipped but still counts for a due stall report;
+    mark_bits: every bit in its word of both vectors, and nothing written when it refuses."""
+    from conftest import check_doctests
+    from fastring._transport import cycle, mark_bits, sort_by_cache
+    from fastring.engine.negotiation import HEADER_WORDS
+
+    class R:
+        def __init__(self, name, fields, next_report=float("inf")):
+            self.name, self.fields, self.next_report = name, fields, next_report
+
+    same, equal = ("f", 1), ("f", 1)
+    cache = {"a": (4, same), "b": (9, ("f", 2)), "c": (1, equal)}
+    a, b, c, d = R("a", same), R("b", ("f", 1)), R("c", tuple(list(equal))), R("d", same)
+    assert sort_by_cache([a, c], None, cache, 0.0) == ({4: a, 1: c}, False, False)
+    assert sort_by_cache([a, b, c, d], None, cache, 0.0) == ({4: a, 1: c}, True, False)  # b differs, d unknown
+    spec = R("d", same, next_report=2.0)
+    assert sort_by_cache([a, spec], spec, cache, 1.0) == ({4: a}, False, False)
+    assert sort_by_cache([a, spec], spec, cache, 2.0) == ({4: a}, False, True)
+    assert sort_by_cache([], None, cache, 5.0) == ({}, False, False)
+
+    block = np.zeros(HEADER_WORDS + 4, np.uint64)
+    assert mark_bits(block, 2, [127, 0, 64, 0]) == [1, 1 | 1 << 63]
+    assert block[HEADER_WORDS:].tolist() == [1, 1 | 1 << 63] * 2 and not block[:HEADER_WORDS].any()
+    assert mark_bits(block, 0, []) == []
+    for bad_block, words, bits in ((block, 2, [128]), (block, 2, [-1]), (block, 3, [0]),
+                                   (block.astype(np.int64), 2, [0]), (np.zeros(2 * HEADER_WORDS + 8, np.uint64)[::2], 2, [0])):
+        before = bad_block.copy()
+        with pytest.raises(ValueError):
+            mark_bits(bad_block, words, bits)
+        assert (bad_block == before).all()  # nothing written
+    check_doctests((cycle,), more_than=1)
+
+
 def test_the_cache_keeps_the_fields_object_the_api_hands_out():
     """Requests first agreed by a full negotiation (their fields gathered as copies) are
     cached with this rank's own fields object, so that later cycles recognise them by

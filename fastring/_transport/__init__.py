@@ -18,7 +18,7 @@ from .arrays import (array_address, copy_from_array, copy_to_array, gather_from_
                      group_of, is_c_contiguous,
                      is_writable_c_contiguous, pieces_of, scatter_to_arrays, views_of)
 from .broadcast import chain_broadcast, single_copy_broadcast, tree_broadcast
-from .cycle import CYCLE_HEADER_WORDS, SPECULATION_FAILED
+from .cycle import CYCLE_HEADER_WORDS, SPECULATION_FAILED, mark_bits, sort_by_cache
 from .gate import Gate
 from .mpi import exit_unless_gone_within
 from .ring import ring_reduce_scatter_into, ring_reduce_scatter_to
@@ -29,5 +29,5 @@ from .transport import Transport
 
 __all__ = ["CYCLE_HEADER_WORDS", "SPECULATION_FAILED", "FastringError", "Gate", "Requests", "SharedSegment", "Tag", "Transport", "array_address",
            "chain_broadcast", "copy_from_array", "copy_to_array", "exit_unless_gone_within", "gather_from_arrays", "gather_strided", "group_of", "is_c_contiguous",
-           "is_writable_c_contiguous", "pairwise_alltoall", "pieces_of", "ring_reduce_scatter_into",
-           "ring_reduce_scatter_to", "scatter_to_arrays", "single_copy_broadcast", "tree_broadcast", "views_of"]
+           "is_writable_c_contiguous", "mark_bits", "pairwise_alltoall", "pieces_of", "ring_reduce_scatter_into",
+           "ring_reduce_scatter_to", "scatter_to_arrays", "single_copy_broadcast", "sort_by_cache", "tree_broadcast", "views_of"]

@@ -38,7 +38,7 @@ from .._core.errors import FastringError
 from .._core.ops import ReduceOp
 from .._core.work import Entry, Finish, finalizer, nothing, pack, predivides, work_of
 from .._transport import (SPECULATION_FAILED, copy_from_array, copy_to_array, exit_unless_gone_within,
-                          is_c_contiguous, is_writable_c_contiguous, views_of)
+                          is_c_contiguous, is_writable_c_contiguous, sort_by_cache, views_of)
 from .._transport.gate import IDLE, STOP, Gate
 from .fusion import Executor
 from .negotiation import (HAS_UNCACHED, LEAVING, LEFT_RANK_SHIFT, NO_PAYLOAD, WANT_REPORT, Negotiation,
@@ -565,18 +565,8 @@ class Engine:
         neg = self._neg
         neg.clear_bits(words)
         if len(pending) > 1 or spec_req is None:
-            now = time.monotonic()
-            cache = neg.cache
-            for r in pending:
-                if now >= r.next_report:
-                    flags |= WANT_REPORT
-                if r is spec_req:
-                    continue
-                entry = cache.get(r.name)
-                if entry is not None and (entry[1] is r.fields or entry[1] == r.fields):
-                    cached[entry[0]] = r
-                else:
-                    flags |= HAS_UNCACHED
+            cached, uncached, due = sort_by_cache(pending, spec_req, neg.cache, time.monotonic())
+            flags |= (HAS_UNCACHED if uncached else 0) | (WANT_REPORT if due else 0)
             neg.set_cached(cached, words)
         elif time.monotonic() >= spec_req.next_report:
             flags |= WANT_REPORT

@@ -27,14 +27,13 @@ from .._core.errors import FastringError
 from .._core.config import SMALL_MESSAGE_BYTES
 from .._core.ops import KERNEL_OP, ReduceOp
 from .._transport import CYCLE_HEADER_WORDS as HEADER_WORDS
-from .._transport import SPECULATION_FAILED, Tag, array_address, copy_to_array
+from .._transport import SPECULATION_FAILED, Tag, array_address, copy_to_array, mark_bits
 
 HAS_UNCACHED = 1  # some rank has a request the cache does not know (or knows differently)
 WANT_REPORT = 2   # some rank has waited past FASTRING_STALL_CHECK_TIME: gather everything
 LEAVING = 4       # some rank is shutting down: nothing pending anywhere can complete
 LEFT_RANK_SHIFT = 8  # bit LEFT_RANK_SHIFT + r: rank r is shutting down (ranks below 56)
 CACHE_CAPACITY = 1 << 14
-WORD_MASK = (1 << 64) - 1  # one uint64 word of a bit vector
 FIELD_DIGESTS_KEPT = 1024  # digests of recent fields tuples, a shortcut for repeated signatures
 AUTOMATIC_DOMAIN = b"automatic name"  # the digests of automatic names' prefixes (signature_hash)
 # Byte offset of the speculative payload in a cycle block with w bit-vector words.
@@ -223,21 +222,8 @@ class Negotiation:
             self.block[HEADER_WORDS:HEADER_WORDS + 2 * words] = 0
 
     def set_cached(self, bits, words: int) -> None:
-        """Mark cache entries `bits` as ready (AND words) and pending (OR words) on this rank:
-        each word is written once, however many of its bits are set."""
-        mask = 0
-        for bit in bits:
-            mask |= 1 << bit
-        header = self.header
-        marked = [0] * words
-        while mask:
-            i = ((mask & -mask).bit_length() - 1) >> 6  # the lowest word with a bit set
-            word = mask >> (64 * i) & WORD_MASK
-            header[HEADER_WORDS + i] |= word
-            header[HEADER_WORDS + words + i] |= word
-            marked[i] = word
-            mask ^= word << (64 * i)
-        self._marked = (id(bits), marked)
+        """Mark cache entries `bits` as ready (AND words) and pending (OR words) on this rank."""
+        self._marked = (id(bits), mark_bits(self.block, words, bits))
 
     def ready_requests(self, cached: dict, words: int) -> list:
         """The requests of `cached` (cache entry -> request) that every rank had ready in the
