@@ -8,6 +8,10 @@ from .. import algorithms
 from .._core.work import AllreduceWork, Entry
 from .._transport.handle import Handle, finish_all  # in C: a burst of tensors makes one each
 
+RIDES_KEPT = 4096  # distinct (signature, size) remembered, then asked of the registry each time
+# (signature's AllreduceWork, bytes) -> whether such a request rides in its cycle (Request.rides_cycle)
+_RIDES: dict[tuple[AllreduceWork, int], bool] = {}
+
 
 @dataclass(eq=False, slots=True)
 class Request:
@@ -42,9 +46,19 @@ class Request:
         (the registry's in-cycle algorithm accepts it)."""
         if self._rides_cycle is None:
             work = self.allreduce
-            self._rides_cycle = work is not None and algorithms.choose(
-                "allreduce", work.reduced_nbytes(self.nbytes), work.reduced_spec, device=work.device,
-                wire=work.compression.wire) is algorithms.InCycle
+            if work is None:
+                self._rides_cycle = False
+            else:
+                # asked of each cycle's first request: the registry's answer (a microsecond or
+                # two) is kept by signature and size, which alone decide it
+                key = (work, self.nbytes)
+                rides = _RIDES.get(key)
+                if rides is None:
+                    rides = algorithms.choose("allreduce", work.reduced_nbytes(self.nbytes), work.reduced_spec,
+                                              device=work.device, wire=work.compression.wire) is algorithms.InCycle
+                    if len(_RIDES) < RIDES_KEPT:
+                        _RIDES[key] = rides
+                self._rides_cycle = rides
         return self._rides_cycle
 
 
