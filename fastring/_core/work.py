@@ -34,36 +34,29 @@ class AllreduceWork:
     compression: Compressor = Compression.none
     device: str = "cpu"  # "cuda": the requests' entries hold device arrays (fastring/algorithms/device.py)
     key: tuple = field(init=False, default=())  # what requests must share to be fused into one batch (set from the above)
+    # Derived once from the above, which never change: a cycle reads them a dozen times.
+    # An integer Average: reduced exactly as quotients and remainders (see
+    # `split_for_average`), never as a sum that could wrap.
+    splits_average: bool = field(init=False, default=False)
+    # The dtype reduced in: the tensor's own, float32/float64 under compression, int64 for an
+    # integer Average.
+    accumulator: np.dtype = field(init=False, default=None)
+    reduce_op: ReduceOp = field(init=False, default=None)  # what the algorithm reduces with (an integer Average sums its parts)
+    reduced_spec: DtypeSpec = field(init=False, default=None)  # the spec the algorithm reduces (an integer Average: int64)
 
     def __post_init__(self):
-        self.key = ("allreduce", self.spec.name, int(self.op), self.prescale, self.postscale,
+        spec = self.spec
+        self.key = ("allreduce", spec.name, int(self.op), self.prescale, self.postscale,
                     self.compression.name, self.device)
-
-    @property
-    def splits_average(self) -> bool:
-        """An integer Average: reduced exactly as quotients and remainders (see
-        `split_for_average`), never as a sum that could wrap."""
-        return self.op == ReduceOp.Average and not self.spec.is_float and self.spec.name != "bool"
-
-    @property
-    def accumulator(self) -> np.dtype:
-        """The dtype reduced in: the tensor's own, float32/float64 under compression, int64
-        for an integer Average."""
-        if self.splits_average:
-            return _INT64
-        if self.compression.wire is None:
-            return self.spec.dtype
-        return np.dtype(np.float64) if self.spec.dtype == np.float64 else np.dtype(np.float32)
-
-    @property
-    def reduce_op(self) -> ReduceOp:
-        """The op the algorithm reduces with (an integer Average sums its parts)."""
-        return ReduceOp.Sum if self.splits_average else self.op
-
-    @property
-    def reduced_spec(self) -> DtypeSpec:
-        """The dtype spec the algorithm reduces (an integer Average: int64)."""
-        return spec_of(_INT64) if self.splits_average else self.spec
+        self.splits_average = splits = self.op == ReduceOp.Average and not spec.is_float and spec.name != "bool"
+        if splits:
+            self.accumulator = _INT64
+        elif self.compression.wire is None:
+            self.accumulator = spec.dtype
+        else:
+            self.accumulator = np.dtype(np.float64) if spec.dtype == np.float64 else np.dtype(np.float32)
+        self.reduce_op = ReduceOp.Sum if splits else self.op
+        self.reduced_spec = spec_of(_INT64) if splits else spec
 
     def reduced_nbytes(self, nbytes: int) -> int:
         """Bytes reduced for `nbytes` of input: in the accumulator dtype, and two values per
