@@ -79,13 +79,16 @@ def test_handle_outcomes_and_finish_all():
     assert [h.wait() for h in handles] == [None, 0, "x"] and Engine.notified == 2 and Engine.driven == 1
     with pytest.raises(ValueError, match="2 handles but 1 results"):
         finish_all(handles[:2], [1])
-    with pytest.raises(TypeError):
-        finish_all([object()], [1])
-    with pytest.raises(TypeError):
-        Handle(Engine(), None)
+    fresh = Handle(Engine(), "g")
+    with pytest.raises(TypeError, match="expected Handles"):
+        finish_all([fresh, object()], [1, 2])
+    assert not fresh.done()  # none marked where one is refused
     finish_all([], [])  # nothing to finish, nobody told
     assert Engine.notified == 2
     check_doctests((handle_module,), more_than=1)
+    fastring.init()  # a name of a str subclass, as the api accepts it
+    h = fastring.allreduce_async(np.arange(3.0), op=fastring.Sum, name=np.str_("numpy name"))
+    assert h.name == "numpy name" and h.wait().tolist() == [0.0, 1.0, 2.0]
 
 
 def test_grouped_errors():
@@ -244,6 +247,10 @@ def test_gather_from_arrays_packs_every_array_or_none():
         assert not target.any()  # nothing was copied
     with pytest.raises(TypeError):
         gather_from_arrays(flat, [a, [1.0]])
+    mixed = np.zeros(10, np.float32)
+    assert gather_from_arrays(mixed, [a, b.astype(np.int32)]) is False and not mixed.any()  # bytes never cast
+    _gather(mixed, [a, b.astype(np.int32)])  # the fallback casts, as np.concatenate does
+    assert mixed.tolist() == list(range(10))
     strided = np.arange(12, dtype=np.float32)[::2]
     out = np.zeros(10, np.float32)
     _gather(out, [a, strided])  # the fallback
@@ -313,13 +320,48 @@ def test_the_cycle_sorts_requests_by_the_cache_and_marks_bits_in_c():
     assert mark_bits(block, 2, [127, 0, 64, 0]) == [1, 1 | 1 << 63]
     assert block[HEADER_WORDS:].tolist() == [1, 1 | 1 << 63] * 2 and not block[:HEADER_WORDS].any()
     assert mark_bits(block, 0, []) == []
-    for bad_block, words, bits in ((block, 2, [128]), (block, 2, [-1]), (block, 3, [0]),
+    frozen = np.zeros(HEADER_WORDS + 4, np.uint64)
+    frozen.flags.writeable = False
+    for bad_block, words, bits in ((block, 2, [128]), (block, 2, [-1]), (block, 2, [1 << 70]), (block, 3, [0]), (frozen, 2, [0]),
                                    (block.astype(np.int64), 2, [0]), (np.zeros(2 * HEADER_WORDS + 8, np.uint64)[::2], 2, [0])):
         before = bad_block.copy()
         with pytest.raises(ValueError):
             mark_bits(bad_block, words, bits)
         assert (bad_block == before).all()  # nothing written
     check_doctests((cycle,), more_than=1)
+
+
+def test_a_work_derives_what_it_reduces_in_and_a_request_whether_it_rides_the_cycle():
+    """AllreduceWork's derived values, computed once, against what they mean (an integer
+    Average splits into int64 quotients and remainders, compression reduces in float32 or
+    float64), and Request.rides_cycle's kept answer against the registry's for every size."""
+    from fastring import algorithms
+    from fastring._core.compression import Compression
+    from fastring._core.config import SMALL_MESSAGE_BYTES
+    from fastring._core.dtypes import spec_of
+    from fastring._core.ops import ReduceOp
+    from fastring._core.work import work_of
+    from fastring.engine.request import Request
+
+    cases = [("int32", ReduceOp.Average, Compression.none, True, "int64", ReduceOp.Sum, "int64"),
+             ("bool", ReduceOp.Average, Compression.none, False, "bool", ReduceOp.Average, "bool"),
+             ("int32", ReduceOp.Sum, Compression.none, False, "int32", ReduceOp.Sum, "int32"),
+             ("float16", ReduceOp.Average, Compression.none, False, "float16", ReduceOp.Average, "float16"),
+             ("float16", ReduceOp.Average, Compression.fp16, False, "float32", ReduceOp.Average, "float16"),
+             ("float64", ReduceOp.Max, Compression.bf16, False, "float64", ReduceOp.Max, "float64")]
+    for dtype, op, compression, splits, accumulator, reduce_op, reduced in cases:
+        work = work_of(spec_of(dtype), op, 1.0, 1.0, compression)
+        assert (work.splits_average, work.accumulator, work.reduce_op, work.reduced_spec.name) == \
+            (splits, np.dtype(accumulator), reduce_op, reduced), dtype
+    for work in (work_of(spec_of("float32"), ReduceOp.Sum, 1.0, 1.0),
+                 work_of(spec_of("int32"), ReduceOp.Average, 1.0, 1.0),
+                 work_of(spec_of("float32"), ReduceOp.Sum, 1.0, 1.0, Compression.fp16)):
+        for nbytes in (4, SMALL_MESSAGE_BYTES // 2, SMALL_MESSAGE_BYTES, SMALL_MESSAGE_BYTES + 4):
+            for _ in range(2):  # asked, then kept
+                rides = Request("allreduce", "r", (), nbytes, None, work).rides_cycle
+                assert rides == (algorithms.choose("allreduce", work.reduced_nbytes(nbytes), work.reduced_spec,
+                                                   wire=work.compression.wire) is algorithms.InCycle)
+    assert Request("allreduce", "r", (), 4, None).rides_cycle is False  # not an allreduce
 
 
 def test_the_cache_keeps_the_fields_object_the_api_hands_out():

@@ -34,7 +34,8 @@ class AllreduceWork:
     compression: Compressor = Compression.none
     device: str = "cpu"  # "cuda": the requests' entries hold device arrays (fastring/algorithms/device.py)
     key: tuple = field(init=False, default=())  # what requests must share to be fused into one batch (set from the above)
-    # Derived once from the above, which never change: a cycle reads them a dozen times.
+    # Derived once from the above (a work is never changed once built): a cycle reads them
+    # a dozen times.
     # An integer Average: reduced exactly as quotients and remainders (see
     # `split_for_average`), never as a sum that could wrap.
     splits_average: bool = field(init=False, default=False)

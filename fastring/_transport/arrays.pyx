@@ -67,9 +67,10 @@ def scatter_to_arrays(cnp.ndarray flat not None, list arrays not None):
 
 def gather_from_arrays(cnp.ndarray flat not None, list arrays not None):
     """Copy the bytes of `arrays`, one after another, into the start of `flat` (the packing
-    of a fused buffer in one call: np.concatenate costs six times as much a small array).
-    Returns False, having copied nothing, unless `flat` and every array are C-contiguous,
-    `flat` writeable and large enough for their bytes together.
+    of a fused buffer in one call: np.concatenate costs six times as much for a small array).
+    Returns False, having copied nothing, unless `flat` and every array are C-contiguous and
+    of one dtype (bytes are copied, never cast), `flat` writeable and large enough for their
+    bytes together.
 
     Example:
         >>> import numpy as np
@@ -86,9 +87,13 @@ cdef bint _copy_run(cnp.ndarray flat, list arrays, bint into_arrays) except -1:
     cdef cnp.ndarray a
     if not (cnp.PyArray_IS_C_CONTIGUOUS(flat) and (into_arrays or cnp.PyArray_ISWRITEABLE(flat))):
         return False
+    cdef cnp.PyArray_Descr* dtype = cnp.PyArray_DESCR(flat)
     for item in arrays:
         a = <cnp.ndarray?> item
         if not (cnp.PyArray_IS_C_CONTIGUOUS(a) and (cnp.PyArray_ISWRITEABLE(a) or not into_arrays)):
+            return False
+        if (not into_arrays and cnp.PyArray_DESCR(a) is not dtype
+                and not cnp.PyArray_EquivTypes(<cnp.dtype> <object> cnp.PyArray_DESCR(a), <cnp.dtype> <object> dtype)):
             return False
         total += cnp.PyArray_NBYTES(a)
     if total > cnp.PyArray_NBYTES(flat):

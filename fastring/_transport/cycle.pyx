@@ -193,7 +193,6 @@ def sort_by_cache(list pending not None, object skip, dict cache not None, doubl
     """
     cdef dict cached = {}
     cdef bint uncached = False, due = False
-    cdef tuple entry
     for r in pending:
         if not due and now >= <double> r.next_report:
             due = True
@@ -201,9 +200,9 @@ def sort_by_cache(list pending not None, object skip, dict cache not None, doubl
             continue
         found = cache.get(r.name)
         if found is not None:
-            entry = <tuple> found
-            if entry[1] is r.fields or entry[1] == r.fields:
-                cached[entry[0]] = r
+            bit, fields = found
+            if fields is r.fields or fields == r.fields:
+                cached[bit] = r
                 continue
         uncached = True
     return cached, uncached, due
@@ -211,7 +210,7 @@ def sort_by_cache(list pending not None, object skip, dict cache not None, doubl
 
 def mark_bits(cnp.ndarray block not None, int64_t vector_words, bits):
     """Set bit b of the ready (AND) and pending (OR) bit words of the cycle block `block`
-    (uint64, C-contiguous, with `vector_words` words of each) for every b in `bits` (ints
+    (uint64, C-contiguous, aligned, with `vector_words` words of each) for every b in `bits` (ints
     below 64 * vector_words); returns the words `bits` alone make, a list of ints. One C loop:
     in Python, shifting an integer a bit at a time cost 70 ns a bit.
 
@@ -223,10 +222,10 @@ def mark_bits(cnp.ndarray block not None, int64_t vector_words, bits):
         >>> block[CYCLE_HEADER_WORDS:].tolist()
         [5, 2, 5, 2]
     """
-    if not (cnp.PyArray_IS_C_CONTIGUOUS(block) and cnp.PyArray_ISWRITEABLE(block)
+    if not (cnp.PyArray_IS_C_CONTIGUOUS(block) and cnp.PyArray_ISWRITEABLE(block) and cnp.PyArray_ISALIGNED(block)
             and cnp.PyArray_TYPE(block) == cnp.NPY_UINT64 and vector_words >= 0
             and cnp.PyArray_SIZE(block) >= HEADER_WORDS + 2 * vector_words):
-        raise ValueError(f"mark_bits needs a C-contiguous, writeable uint64 block of at least "
+        raise ValueError(f"mark_bits needs a C-contiguous, writeable, aligned uint64 block of at least "
                          f"{HEADER_WORDS + 2 * vector_words} words")
     cdef uint64_t* words = <uint64_t*> cnp.PyArray_DATA(block) + HEADER_WORDS
     cdef uint64_t* m = <uint64_t*> PyMem_Calloc(max(vector_words, 1), sizeof(uint64_t))
@@ -235,9 +234,9 @@ def mark_bits(cnp.ndarray block not None, int64_t vector_words, bits):
         raise MemoryError()
     try:
         for b in bits:
+            if not 0 <= b < 64 * vector_words:
+                raise ValueError(f"bit {b} is outside {vector_words} words")
             bit = b
-            if bit < 0 or bit >= 64 * vector_words:
-                raise ValueError(f"bit {bit} is outside {vector_words} words")
             m[bit >> 6] |= (<uint64_t> 1) << (bit & 63)
         for i in range(vector_words):
             words[i] |= m[i]

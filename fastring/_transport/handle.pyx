@@ -18,13 +18,13 @@ cdef class Handle:
         >>> h.wait()
         array([1., 1.])
     """
-    cdef readonly str name
+    cdef readonly object name  # a str, or a subclass of it, as the api accepts
     cdef readonly object _engine  # the Engine that drives this handle's cycles
     cdef readonly bint _done
     cdef object _result
     cdef object _error
 
-    def __init__(self, engine, str name not None):
+    def __init__(self, engine, name):
         self.name = name
         self._engine = engine
 
@@ -65,8 +65,11 @@ def finish_all(list handles not None, list results not None) -> None:
     cdef Handle handle
     if len(handles) != len(results):
         raise ValueError(f"finish_all: {len(handles)} handles but {len(results)} results")
+    for item in handles:  # all checked before any is marked: none is left done but unannounced
+        if not isinstance(item, Handle):
+            raise TypeError(f"finish_all: expected Handles, got {type(item).__name__}")
     for i in range(len(handles)):
-        handle = <Handle?> handles[i]
+        handle = <Handle> handles[i]
         handle._result = results[i]
         handle._done = True
     if handles:

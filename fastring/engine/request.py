@@ -9,8 +9,8 @@ from .._core.work import AllreduceWork, Entry
 from .._transport.handle import Handle, finish_all  # in C: a burst of tensors makes one each
 
 RIDES_KEPT = 4096  # distinct (signature, size) remembered, then asked of the registry each time
-# (signature's AllreduceWork, bytes) -> whether such a request rides in its cycle (Request.rides_cycle)
-_RIDES: dict[tuple[AllreduceWork, int], bool] = {}
+# (AllreduceWork.key, bytes) -> whether such a request rides in its cycle (Request.rides_cycle)
+_RIDES: dict[tuple[tuple, int], bool] = {}
 
 
 @dataclass(eq=False, slots=True)
@@ -50,8 +50,9 @@ class Request:
                 self._rides_cycle = False
             else:
                 # asked of each cycle's first request: the registry's answer (a microsecond or
-                # two) is kept by signature and size, which alone decide it
-                key = (work, self.nbytes)
+                # two) is kept by signature (the fusion key: dtype, op, factors, compression,
+                # device) and size, which alone decide it
+                key = (work.key, self.nbytes)
                 rides = _RIDES.get(key)
                 if rides is None:
                     rides = algorithms.choose("allreduce", work.reduced_nbytes(self.nbytes), work.reduced_spec,
