@@ -40,10 +40,11 @@ from .._core.work import Entry, Finish, finalizer, nothing, pack, predivides, wo
 from .._transport import (SPECULATION_FAILED, copy_from_array, copy_to_array, exit_unless_gone_within,
                           is_c_contiguous, is_writable_c_contiguous, sort_by_cache, views_of)
 from .._transport.gate import IDLE, STOP, Gate
+from .._transport.handle import finish_all
 from .fusion import Executor
 from .negotiation import (HAS_UNCACHED, LEAVING, LEFT_RANK_SHIFT, NO_PAYLOAD, WANT_REPORT, Negotiation,
                           describe_mismatch, is_clean, leaving_flags, ranks_leaving)
-from .request import Handle, Request, finish_all
+from .request import Handle, Request
 from .stall import DataStallReporter, StallReporter, stall_error, stall_interval
 from .timeline import Timeline
 

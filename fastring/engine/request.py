@@ -6,7 +6,7 @@ from typing import Any, Callable
 
 from .. import algorithms
 from .._core.work import AllreduceWork, Entry
-from .._transport.handle import Handle, finish_all  # in C: a burst of tensors makes one each
+from .._transport.handle import Handle  # in C: a burst of tensors makes one each
 
 RIDES_KEPT = 4096  # distinct (signature, size) remembered, then asked of the registry each time
 # (AllreduceWork.key, bytes) -> whether such a request rides in its cycle (Request.rides_cycle)
