@@ -15,8 +15,7 @@ with the GIL released. Layers, each a Cython module that cimports only those lis
 from .._core.errors import FastringError
 from .alltoall import pairwise_alltoall
 from .arrays import (array_address, copy_from_array, copy_to_array, gather_from_arrays, gather_strided,
-                     group_of, is_c_contiguous,
-                     is_writable_c_contiguous, pieces_of, scatter_to_arrays, views_of)
+                     group_of, is_c_contiguous, is_writable_c_contiguous, pieces_of, scatter_to_arrays, views_of)
 from .broadcast import chain_broadcast, single_copy_broadcast, tree_broadcast
 from .cycle import CYCLE_HEADER_WORDS, SPECULATION_FAILED, mark_bits, sort_by_cache
 from .gate import Gate

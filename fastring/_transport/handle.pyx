@@ -1,9 +1,9 @@
 # cython: language_level=3
 """`Handle`, the future of one asynchronous collective, and `finish_all`.
 
-A burst of small tensors makes, finishes and waits on one handle a tensor; as a Python class
-those three steps cost about 0.4 us a tensor, a tenth of the whole call. Here they cost a
-third of that. The engine that made a handle drives its cycles when a caller waits on it
+A burst of small tensors makes, finishes and waits on one handle a tensor. As a Python class
+a handle cost 181 ns to make, here about 60, and its wait and `finish_all` run without a
+Python frame. The engine that made a handle drives its cycles when a caller waits on it
 (`Engine.drive`) and is told when handles finish (`Engine._notify_done`).
 """
 
