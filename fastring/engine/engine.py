@@ -561,7 +561,6 @@ class Engine:
     def _write_bits(self, pending: list[Request], spec_req, words: int) -> tuple[int, dict[int, Request]]:
         """The cycle's flags, and the cache bits of the queued requests other than the
         speculative one written into the block. Returns (flags, bit -> request)."""
-        cached: dict[int, Request] = {}
         flags = HAS_UNCACHED if self._join_handle is not None else 0
         neg = self._neg
         neg.clear_bits(words)
@@ -569,9 +568,10 @@ class Engine:
             cached, uncached, due = sort_by_cache(pending, spec_req, neg.cache, time.monotonic())
             flags |= (HAS_UNCACHED if uncached else 0) | (WANT_REPORT if due else 0)
             neg.set_cached(cached, words)
-        elif time.monotonic() >= spec_req.next_report:
+            return flags, cached
+        if time.monotonic() >= spec_req.next_report:
             flags |= WANT_REPORT
-        return flags, cached
+        return flags, {}
 
     def _write_payload(self, req: Request, words: int) -> tuple[int, tuple[int, int]]:
         """The speculative request's payload: its bytes when it rides in the cycle (prescaled,

@@ -142,12 +142,9 @@ class Executor:
                 if plain:
                     _gather(flat, [e.src for e in firsts])
                 else:
-                    offset = 0
-                    for r, size in zip(batch, sizes):
-                        part = flat[offset:offset + size // accumulator.itemsize]
+                    for r, part in zip(batch, _parts(flat, sizes)):
                         pack(work, r.entries, part, self.rt.size)
                         self._feed_back_error(r, part)
-                        offset += part.size
             self.reduce(algorithm, names, flat, work)
         if plain and not self.timeline.recording and scatter_to_arrays(flat, [e.work for e in firsts]):
             # the plain batch unpacks in one call too: a copy per tensor costs a microsecond
@@ -158,11 +155,8 @@ class Executor:
                 results.append([e.result] if r.grouped else e.result)
             self.complete_all(batch, results)
             return
-        offset = 0
-        for r, size in zip(batch, sizes):
-            part = flat[offset:offset + size // accumulator.itemsize]
+        for r, part in zip(batch, _parts(flat, sizes)):
             self.unpack_and_finish(r, part)
-            offset += part.size
 
     def _fusion_view(self, count: int, dtype: np.dtype) -> np.ndarray:
         """The persistent fusion buffer as `count` elements of `dtype` (grown, never shrunk)."""
@@ -255,6 +249,17 @@ class Executor:
                 offset += n
         entries = req.entries
         self.complete(req, [e.result for e in entries] if req.grouped else entries[0].result)
+
+
+def _parts(flat: np.ndarray, sizes: list[int]) -> list[np.ndarray]:
+    """`flat` cut into consecutive views of `sizes` bytes each: each request's part of a
+    fused buffer."""
+    parts, offset = [], 0
+    for size in sizes:
+        count = size // flat.itemsize
+        parts.append(flat[offset:offset + count])
+        offset += count
+    return parts
 
 
 def _gather(flat: np.ndarray, srcs: list) -> None:
