@@ -38,6 +38,9 @@ extensions = [
     )
     for source in sorted(glob.glob("fastring/_transport/*.pyx"))
 ]
+# the api's queued plain allreduce in C (no MPI)
+extensions.append(Extension("fastring.api._lean", ["fastring/api/_lean.pyx"], include_dirs=[numpy.get_include()],
+                            extra_compile_args=["-O2"]))
 # fastring.jax's XLA FFI handler: C API structs declared in fastring/jax/xla_ffi.h, no jaxlib.
 extensions.append(Extension("fastring.jax._xla_ffi", ["fastring/jax/_xla_ffi.pyx"],
                             include_dirs=["fastring/jax", numpy.get_include()], extra_compile_args=["-O2"]))

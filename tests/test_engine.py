@@ -386,6 +386,87 @@ def test_the_cache_keeps_the_fields_object_the_api_hands_out():
     assert neg.cache["identity.0"] == (bit, fields) and neg.cache["identity.0"][1] is copy
 
 
+def test_the_lean_path_makes_the_request_its_init_would(monkeypatch):
+    """The queued plain allreduce's Request and Entry, made in C without their __init__, hold
+    exactly what __init__ with the same values and the defaults would give (a field added to
+    either class fails here and at import), are tracked by the garbage collector, and reduce."""
+    import dataclasses
+    import gc
+    import sys
+
+    from fastring._core.runtime import runtime
+    from fastring._core.work import Entry
+    from fastring.api import _lean
+    from fastring.engine.request import Request
+
+    fastring.init()
+    engine = runtime().engine
+    made = []
+    monkeypatch.setattr(engine, "submit", lambda request: made.append(request) or request.handle)
+    a = np.arange(6, dtype=np.float32)
+    handle = fastring.allreduce_async(a, op=fastring.Sum, name="lean.record", out=a)
+    monkeypatch.undo()
+    (request,) = made
+    made.clear()
+    plan = _lean._plain_plan(a, fastring.Sum)
+    assert type(request) is Request and type(request.entries[0]) is Entry
+    assert gc.is_tracked(request) and gc.is_tracked(request.entries[0])
+    # no reference leaked: each is held here (the request) or by its list (the entry) alone
+    assert sys.getrefcount(request) == sys.getrefcount(Request("x", "x", (), 0, None))
+    held = [Entry(a, a, a, a)]
+    assert sys.getrefcount(request.entries[0]) == sys.getrefcount(held[0])
+    expected = Request("allreduce", "lean.record", plan[1], a.nbytes, handle, plan[2], [Entry(a, a, a, a)])
+    for f in dataclasses.fields(Request):
+        got, want = getattr(request, f.name), getattr(expected, f.name)
+        if f.name == "entries":
+            assert type(got) is list and len(got) == 1
+            assert all(getattr(got[0], n) is a for n in ("src", "work", "target", "result"))
+        else:
+            assert got == want or (got is want), f.name
+    assert request.fields is plan[1] and request.allreduce is plan[2]
+    assert engine.submit(request) is handle and handle.wait() is a and a.tolist() == list(range(6))
+
+
+def test_a_record_refuses_a_class_it_cannot_make():
+    """`_Record` is built only for a slots dataclass whose fields are the ones named, in their
+    order, with no __post_init__: anything else raises when the module is imported."""
+    import dataclasses
+
+    from fastring._core.work import Entry
+    from fastring.api._lean import _Record
+
+    @dataclasses.dataclass(slots=True)
+    class Checked:
+        a: int
+
+        def __post_init__(self):
+            pass
+
+    @dataclasses.dataclass
+    class Unslotted:
+        a: int
+
+    _Record(Entry, ("src", "work", "target", "result"))
+    with pytest.raises(TypeError, match=r"fields are \('src', 'work', 'target', 'result'\)"):
+        _Record(Entry, ("src", "work", "result", "target"))
+    with pytest.raises(TypeError, match="fields are"):
+        _Record(Entry, ("src", "work", "target"))
+    with pytest.raises(TypeError, match="cannot be made without its __init__"):
+        _Record(Checked, ("a",))
+    with pytest.raises(TypeError, match=r"Unslotted\.a is not a slot"):
+        _Record(Unslotted, ("a",))
+    with pytest.raises(TypeError):
+        _Record(int, ())  # not a dataclass
+
+
+def test_lean_doctests():
+    from conftest import check_doctests
+
+    from fastring.api import _lean
+
+    check_doctests((_lean,), more_than=0)
+
+
 def test_automatic_names_hash_apart_alike_on_every_process():
     """An automatic name's hash (its prefix and fields digested once, XOR its number): distinct
     numbers, prefixes and fields give distinct hashes; equal fields built anew give the same;

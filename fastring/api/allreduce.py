@@ -8,18 +8,20 @@ from typing import Sequence
 import numpy as np
 
 from . import device
+from ._lean import _fields, _plain_plan, _plan
+from ._lean import plain_allreduce_async as _plain_allreduce_async
 from .._core import pool as _pool
 from .._core.compression import Compression, Compressor, as_compressor
 from .._core.device import is_device_tensor
-from .._core.dtypes import SUPPORTED, DtypeSpec, spec_of
-from .._core.ops import OP_NAMES, ReduceOp, as_reduce_op
+from .._core.dtypes import SUPPORTED, spec_of
+from .._core.ops import ReduceOp, as_reduce_op
 from .._core.runtime import Runtime, runtime
 from .._core.tensor import as_array, host_view, like
-from .._core.work import AllreduceWork, Entry, work_of
-from .._transport import group_of, is_writable_c_contiguous
+from .._core.work import Entry, work_of
+from .._transport import group_of
 from ..algorithms import InCycle
 from ..engine import Handle, Request
-from .process_sets import global_process_set, global_rank, runtime_of
+from .process_sets import global_rank, runtime_of
 from .validation import check_op_for_dtype, entry, factor, is_automatic, request_name
 
 Average, Sum, Min, Max, Product = (ReduceOp.Average, ReduceOp.Sum, ReduceOp.Min,
@@ -37,54 +39,6 @@ def _grouped_entries(tensors, arrays: list[np.ndarray], dtype) -> tuple[list[Ent
         entries.append(Entry(a, view, view, view if type(t) is np.ndarray else like(t, view)))
         offset = end
     return entries, block
-
-
-# (kind, dtype, shapes, op, scale factors, compressor) -> the fields tuple, one object per
-# signature: building it costs a microsecond a call, and the engine compares a request's
-# fields with the cached ones, at once when they are the same object.
-_FIELDS: dict[tuple, tuple] = {}
-FIELDS_KEPT = 4096  # distinct signatures remembered (shapes vary: bounded, then rebuilt each call)
-
-
-def _fields(kind: str, spec: DtypeSpec, shapes: tuple, op: ReduceOp, prescale: float,
-            postscale: float, compressor: Compressor) -> tuple:
-    """What must be equal on every rank for an allreduce under one name."""
-    key = (kind, spec.name, shapes, op, prescale, postscale, compressor.name)
-    fields = _FIELDS.get(key)
-    if fields is None:
-        fields = (("collective", kind), ("dtype", spec.name), ("shape", shapes), ("op", OP_NAMES[op]),
-                  ("prescale_factor", prescale), ("postscale_factor", postscale), ("device", "cpu"),
-                  ("compression", compressor.name))
-        if len(_FIELDS) < FIELDS_KEPT:
-            _FIELDS[key] = fields
-    return fields
-
-
-# (dtype, shape, op), and for a grouped one (dtype, shapes, op, kind) -> (spec, fields, work) of a
-# plain allreduce, for _plain_plan and _plan
-_PLANS: dict[tuple, tuple] = {}
-
-
-def _plain_plan(arr: np.ndarray, op: ReduceOp) -> tuple[DtypeSpec, tuple, AllreduceWork] | None:
-    """(spec, fields, work) of a plain (no compression, no scale factors) allreduce of `arr` that
-    passes every check as it is, or None where the general path must look (an error, or an
-    Average that is not a plain sum then division). One lookup per call on the hot paths."""
-    plan = _PLANS.get((arr.dtype, arr.shape, op))
-    return plan if plan is not None else _plan("allreduce", arr.dtype, arr.shape, op)
-
-
-def _plan(kind: str, dtype: np.dtype, shape: tuple, op: ReduceOp) -> tuple[DtypeSpec, tuple, AllreduceWork] | None:
-    """`_plain_plan` of a `kind` of allreduce (a grouped one: `shape` holds every shape)."""
-    key = (dtype, shape, op) if kind == "allreduce" else (dtype, shape, op, kind)
-    plan = _PLANS.get(key)
-    if plan is None:
-        spec = SUPPORTED.get(dtype)
-        if spec is None or (op == ReduceOp.Average and (not spec.is_float or spec.is_16bit_float)):
-            return None
-        plan = (spec, _fields(kind, spec, shape, op, 1.0, 1.0, Compression.none), work_of(spec, op, 1.0, 1.0))
-        if len(_PLANS) < 1024:
-            _PLANS[key] = plan
-    return plan
 
 
 def _plain_args(op, name, compression, prescale_factor, postscale_factor) -> bool:
@@ -215,26 +169,6 @@ def allreduce_async(tensor, op: ReduceOp = ReduceOp.Average, *, name: str | None
     engine, request = _allreduce_request(runtime_of(process_set), "allreduce", [tensor], [out], op, name,
                                          compression, prescale_factor, postscale_factor, grouped=False)
     return engine.submit(request)
-
-
-def _plain_allreduce_async(tensor, arr: np.ndarray | None, op: ReduceOp, name: str | None, out,
-                          process_set=None) -> Handle | None:
-    """`allreduce_async` of arguments already known plain (`_plain_args`; `out` None or
-    `tensor`) whose host memory `arr` views (None: not viewed), built from its cached plan
-    with no other check (`entry` still decides where it is read and written, and refuses what
-    it must); None, having queued nothing, where the general path must take the call (and
-    raise any error). The framework modules' lean path."""
-    if arr is None:
-        return None
-    plan = _plain_plan(arr, op)
-    if plan is None:
-        return None
-    # (runtime_of's and entry's common cases inline: a call costs 0.1 us of a 4 us tensor)
-    engine = (runtime() if process_set is None or process_set is global_process_set
-              else runtime_of(process_set)).engine
-    name = name or engine.auto_name("allreduce")  # taken first, as the general path does
-    e = Entry(arr, arr, arr, out) if out is tensor and is_writable_c_contiguous(arr) else entry(tensor, arr, out)
-    return engine.submit(Request("allreduce", name, plan[1], arr.nbytes, Handle(engine, name), plan[2], [e]))
 
 
 def allreduce(tensor, op: ReduceOp = ReduceOp.Average, *, name: str | None = None,
