@@ -404,17 +404,20 @@ def test_the_lean_path_makes_the_request_its_init_would(monkeypatch):
     made = []
     monkeypatch.setattr(engine, "submit", lambda request: made.append(request) or request.handle)
     a = np.arange(6, dtype=np.float32)
+    before = sys.getrefcount(a)
     handle = fastring.allreduce_async(a, op=fastring.Sum, name="lean.record", out=a)
     monkeypatch.undo()
     (request,) = made
     made.clear()
+    assert sys.getrefcount(a) == before + 4  # the entry's src, work, target and result
     plan = _lean._plain_plan(a, fastring.Sum)
     assert type(request) is Request and type(request.entries[0]) is Entry
-    assert gc.is_tracked(request) and gc.is_tracked(request.entries[0])
     # no reference leaked: each is held here (the request) or by its list (the entry) alone
-    assert sys.getrefcount(request) == sys.getrefcount(Request("x", "x", (), 0, None))
+    baseline = Request("x", "x", (), 0, None)
+    assert sys.getrefcount(request) == sys.getrefcount(baseline)
     held = [Entry(a, a, a, a)]
     assert sys.getrefcount(request.entries[0]) == sys.getrefcount(held[0])
+    del baseline, held
     expected = Request("allreduce", "lean.record", plan[1], a.nbytes, handle, plan[2], [Entry(a, a, a, a)])
     for f in dataclasses.fields(Request):
         got, want = getattr(request, f.name), getattr(expected, f.name)
@@ -424,7 +427,11 @@ def test_the_lean_path_makes_the_request_its_init_would(monkeypatch):
         else:
             assert got == want or (got is want), f.name
     assert request.fields is plan[1] and request.allreduce is plan[2]
+    del expected
     assert engine.submit(request) is handle and handle.wait() is a and a.tolist() == list(range(6))
+    del request, handle
+    gc.collect()
+    assert sys.getrefcount(a) == before  # every reference the request took is given back
 
 
 def test_a_record_refuses_a_class_it_cannot_make():
@@ -446,6 +453,17 @@ def test_a_record_refuses_a_class_it_cannot_make():
     class Unslotted:
         a: int
 
+    @dataclasses.dataclass(slots=True)
+    class Many:
+        a0: int; a1: int; a2: int; a3: int; a4: int; a5: int; a6: int; a7: int  # noqa: E702
+        a8: int; a9: int; a10: int; a11: int; a12: int; a13: int; a14: int; a15: int; a16: int  # noqa: E702
+
+    class Renewed(Entry):
+        __slots__ = ()
+
+        def __new__(cls, *args):
+            return super().__new__(cls)
+
     _Record(Entry, ("src", "work", "target", "result"))
     with pytest.raises(TypeError, match=r"fields are \('src', 'work', 'target', 'result'\)"):
         _Record(Entry, ("src", "work", "result", "target"))
@@ -455,6 +473,12 @@ def test_a_record_refuses_a_class_it_cannot_make():
         _Record(Checked, ("a",))
     with pytest.raises(TypeError, match=r"Unslotted\.a is not a slot"):
         _Record(Unslotted, ("a",))
+    with pytest.raises(TypeError, match="more than 16 fields"):
+        _Record(Many, tuple(f"a{i}" for i in range(17)))
+    with pytest.raises(TypeError, match="Renewed cannot be made"):
+        _Record(Renewed, ("src", "work", "target", "result"))
+    with pytest.raises(TypeError, match=r"Sub\.src is not a slot"):  # the parent's slot
+        _Record(type("Sub", (Entry,), {"__slots__": ()}), ("src", "work", "target", "result"))
     with pytest.raises(TypeError):
         _Record(int, ())  # not a dataclass
 

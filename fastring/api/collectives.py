@@ -67,7 +67,7 @@ def _rows_array(tensor, kind: str) -> tuple[np.ndarray, DtypeSpec]:
 
 
 # (kind, dtype, trailing shape) -> the fields of an allgather or alltoall, one object per
-# signature: the engine's caches then compare a call's fields at once (api/allreduce._fields)
+# signature: the engine's caches then compare a call's fields at once (api._lean._fields)
 _ROWS_FIELDS: dict[tuple, tuple] = {}
 ROWS_FIELDS_KEPT = 4096  # distinct signatures remembered (then built each call)
 
