@@ -435,8 +435,9 @@ def test_the_lean_path_makes_the_request_its_init_would(monkeypatch):
 
 
 def test_a_record_refuses_a_class_it_cannot_make():
-    """`_Record` is built only for a slots dataclass whose fields are the ones named, in their
-    order, with no __post_init__: anything else raises when the module is imported."""
+    """`_Record` is built only for a slots dataclass whose leading fields are the ones named,
+    in their order, whose other fields have plain defaults, with no __post_init__: anything
+    else raises when the module is imported."""
     import dataclasses
 
     from fastring._core.work import Entry
@@ -458,6 +459,11 @@ def test_a_record_refuses_a_class_it_cannot_make():
         a0: int; a1: int; a2: int; a3: int; a4: int; a5: int; a6: int; a7: int  # noqa: E702
         a8: int; a9: int; a10: int; a11: int; a12: int; a13: int; a14: int; a15: int; a16: int  # noqa: E702
 
+    @dataclasses.dataclass(slots=True)
+    class Factory:
+        a: int
+        b: list = dataclasses.field(default_factory=list)
+
     class Renewed(Entry):
         __slots__ = ()
 
@@ -469,6 +475,10 @@ def test_a_record_refuses_a_class_it_cannot_make():
         _Record(Entry, ("src", "work", "result", "target"))
     with pytest.raises(TypeError, match="fields are"):
         _Record(Entry, ("src", "work", "target"))
+    with pytest.raises(TypeError, match="fields are"):
+        _Record(Entry, ("src", "work", "target", "result", "extra"))
+    with pytest.raises(TypeError, match="b has no plain default"):
+        _Record(Factory, ("a",))
     with pytest.raises(TypeError, match="cannot be made without its __init__"):
         _Record(Checked, ("a",))
     with pytest.raises(TypeError, match=r"Unslotted\.a is not a slot"):

@@ -92,25 +92,31 @@ cdef enum:
 
 
 cdef class _Record:
-    """Makes instances of a slots dataclass from every field's value in declaration order,
-    without running `__init__`: the caller passes what the defaults would have given.
-    Refuses, when built, a class whose fields are not exactly `names` or that runs code in
-    `__post_init__`, so that a change to the class fails at import, not in a cycle."""
+    """Makes instances of a slots dataclass from the values of its leading fields `given`,
+    in declaration order, the others taking their defaults, without running `__init__`.
+    Refuses, when built, a class whose leading fields are not `given`, a later field with no
+    plain default (none, or a default_factory), or a class that runs code in `__post_init__`
+    or its own `__new__`, so that a change to the class fails at import, not in a cycle."""
     cdef PyTypeObject* kind
     cdef object cls  # keeps `kind` alive
-    cdef Py_ssize_t count
+    cdef tuple defaults  # the values of the fields after `given`
+    cdef Py_ssize_t given, count
     cdef Py_ssize_t offsets[MAX_RECORD_FIELDS]
 
-    def __init__(self, cls, tuple names):
-        declared = tuple([f.name for f in dataclasses.fields(cls)])
-        if declared != names:
-            raise TypeError(f"{cls.__name__}'s fields are {declared}, not {names}")
+    def __init__(self, cls, tuple given):
+        fields = dataclasses.fields(cls)
+        declared = tuple([f.name for f in fields])
+        if declared[:len(given)] != given:
+            raise TypeError(f"{cls.__name__}'s fields are {declared}, not {given} first")
+        for f in fields[len(given):]:
+            if f.default is dataclasses.MISSING:
+                raise TypeError(f"{cls.__name__}'s fields are {declared}: {f.name} has no plain default")
         if hasattr(cls, "__post_init__") or "__new__" in cls.__dict__:
             raise TypeError(f"{cls.__name__} cannot be made without its __init__")
-        if len(names) > MAX_RECORD_FIELDS:
+        if len(declared) > MAX_RECORD_FIELDS:
             raise TypeError(f"{cls.__name__} has more than {MAX_RECORD_FIELDS} fields")
         cdef PyMemberDef* member
-        for i, name in enumerate(names):
+        for i, name in enumerate(declared):
             slot = cls.__dict__.get(name)
             if type(slot) is not types.MemberDescriptorType or slot.__objclass__ is not cls:
                 raise TypeError(f"{cls.__name__}.{name} is not a slot")
@@ -118,27 +124,26 @@ cdef class _Record:
             if member.type != T_OBJECT_EX or member.flags & READONLY:
                 raise TypeError(f"{cls.__name__}.{name} is not a writable object slot")
             self.offsets[i] = member.offset
-        self.cls, self.kind, self.count = cls, <PyTypeObject*>cls, len(names)
+        self.cls, self.kind = cls, <PyTypeObject*>cls
+        self.given, self.count = len(given), len(declared)
+        self.defaults = tuple([f.default for f in fields[len(given):]])
 
     cdef object make(self, tuple values):
-        if len(values) != self.count:
-            raise TypeError(f"{self.cls.__name__} takes {self.count} values, got {len(values)}")
+        if len(values) != self.given:
+            raise TypeError(f"{self.cls.__name__} takes {self.given} values, got {len(values)}")
         record = PyType_GenericAlloc(self.kind, 0)  # zeroed: every slot empty
         cdef char* at = <char*><PyObject*>record
         cdef Py_ssize_t i
         cdef object value
         for i in range(self.count):
-            value = values[i]
+            value = values[i] if i < self.given else self.defaults[i - self.given]
             Py_INCREF(value)
             (<PyObject**>(at + self.offsets[i]))[0] = <PyObject*>value
         return record
 
 
 cdef _Record _ENTRY = _Record(Entry, ("src", "work", "target", "result"))
-cdef _Record _REQUEST = _Record(Request, ("kind", "name", "fields", "nbytes", "handle", "allreduce", "entries",
-                                          "grouped", "block", "execute", "submitted", "signature_hash",
-                                          "next_report", "_rides_cycle"))
-cdef object _NEVER = float("inf")
+cdef _Record _REQUEST = _Record(Request, ("kind", "name", "fields", "nbytes", "handle", "allreduce", "entries"))
 
 
 def plain_allreduce_async(tensor, arr, op, name, out, process_set=None):
@@ -171,5 +176,4 @@ def plain_allreduce_async(tensor, arr, op, name, out, process_set=None):
     else:
         work = entry(tensor, arr, out)
     return engine.submit(_REQUEST.make(("allreduce", name, plan[1], cnp.PyArray_NBYTES(array),
-                                        Handle(engine, name), plan[2], [work], False, None, None, 0.0, 0,
-                                        _NEVER, None)))
+                                        Handle(engine, name), plan[2], [work])))
