@@ -249,3 +249,37 @@ def test_own_counts_are_kept_apart_by_kind():
     first = api._own_counts(rt, given)[0]
     assert first.tolist() == [[0, 0, 0], [1, 2, 3], [0, 0, 0]] and api._own_counts(rt, given)[0] is not first
     assert not gathered[0].flags.writeable and not split[0].flags.writeable
+
+
+def test_a_reducescatter_plan_is_derived_once_per_signature(monkeypatch):
+    """`reduce_scatter_rows` derives its offsets, result shape and path once per (shape, dtype,
+    work, ranks, rank, segment); a plan for counts the caller gives is built each call."""
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from fastring._core.dtypes import spec_of
+    from fastring._core.ops import ReduceOp
+    from fastring._core.work import work_of
+    from fastring.algorithms import collectives as coll
+    monkeypatch.setattr(coll, "_SCATTER_PLANS", {})
+    rt = SimpleNamespace(size=3, rank=1, shm=None)
+    arr = np.zeros((7, 2), np.float32)
+    plain = work_of(spec_of(np.float32), ReduceOp.Sum, 1.0, 1.0)
+    plan = coll._scatter_plan(rt, arr, plain, None)
+    # rows 3, 2, 2 of 8 bytes; the ring's scratch holds two of the largest chunks
+    assert plan.offsets.tolist() == [0, 24, 40, 56] and not plan.offsets.flags.writeable
+    assert plan.out_shape == (2, 2) and not plan.by_segment and plan.scaled_at == 64
+    assert not plan.need_copy and plan.finalize is None
+    assert coll._scatter_plan(rt, np.ones((7, 2), np.float32), plain, None) is plan
+    assert coll._scatter_plan(SimpleNamespace(size=3, rank=0, shm=None), arr, plain, None).out_shape == (3, 2)
+    assert coll._scatter_plan(SimpleNamespace(size=3, rank=1, shm=object()), arr, plain, None).by_segment
+    scaled = coll._scatter_plan(rt, arr, work_of(spec_of(np.float32), ReduceOp.Sum, 2.0, 3.0), None)
+    assert scaled.need_copy and (scaled.finalize.divisor, scaled.finalize.factor) == (1, 3.0)
+    given = np.array([1, 1, 5], np.int64)
+    once = coll._scatter_plan(rt, arr, plain, given)
+    assert once.offsets.tolist() == [0, 8, 16, 56] and once.out_shape == (1, 2)
+    assert coll._scatter_plan(rt, arr, plain, given) is not once and len(coll._SCATTER_PLANS) == 4
+    monkeypatch.setattr(coll, "SCATTER_PLANS_KEPT", 4)
+    assert coll._scatter_plan(rt, np.zeros(9, np.float32), plain, None).out_shape == (3,)
+    assert len(coll._SCATTER_PLANS) == 4  # full: built, not kept
