@@ -252,8 +252,9 @@ def test_own_counts_are_kept_apart_by_kind():
 
 
 def test_a_reducescatter_plan_is_derived_once_per_signature(monkeypatch):
-    """`reduce_scatter_rows` derives its offsets, result shape and path once per (shape, dtype,
-    work, ranks, rank, segment); a plan for counts the caller gives is built each call."""
+    """`reduce_scatter_rows` derives its offsets, result shape, scratch, scaling and reduction
+    once per (shape, dtype, work, ranks, rank); a plan for counts the caller gives is built
+    each call. Which path runs (the segment or the ring) is decided at each call."""
     from types import SimpleNamespace
 
     import numpy as np
@@ -263,22 +264,21 @@ def test_a_reducescatter_plan_is_derived_once_per_signature(monkeypatch):
     from fastring._core.work import work_of
     from fastring.algorithms import collectives as coll
     monkeypatch.setattr(coll, "_SCATTER_PLANS", {})
-    rt = SimpleNamespace(size=3, rank=1, shm=None)
+    rt = SimpleNamespace(size=3, rank=1)
     arr = np.zeros((7, 2), np.float32)
     plain = work_of(spec_of(np.float32), ReduceOp.Sum, 1.0, 1.0)
     plan = coll._scatter_plan(rt, arr, plain, None)
     # rows 3, 2, 2 of 8 bytes; the ring's scratch holds two of the largest chunks
     assert plan.offsets.tolist() == [0, 24, 40, 56] and not plan.offsets.flags.writeable
-    assert plan.out_shape == (2, 2) and not plan.by_segment and plan.scaled_at == 64
-    assert not plan.need_copy and plan.finalize is None
+    assert plan.out_shape == (2, 2) and plan.ring_scratch == 64 and not plan.need_copy and plan.finalize is None
     assert coll._scatter_plan(rt, np.ones((7, 2), np.float32), plain, None) is plan
-    assert coll._scatter_plan(SimpleNamespace(size=3, rank=0, shm=None), arr, plain, None).out_shape == (3, 2)
-    assert coll._scatter_plan(SimpleNamespace(size=3, rank=1, shm=object()), arr, plain, None).by_segment
+    assert coll._scatter_plan(SimpleNamespace(size=3, rank=0), arr, plain, None).out_shape == (3, 2)
+    assert coll._scatter_plan(SimpleNamespace(size=2, rank=1), arr, plain, None).offsets.tolist() == [0, 32, 56]
     scaled = coll._scatter_plan(rt, arr, work_of(spec_of(np.float32), ReduceOp.Sum, 2.0, 3.0), None)
     assert scaled.need_copy and (scaled.finalize.divisor, scaled.finalize.factor) == (1, 3.0)
     given = np.array([1, 1, 5], np.int64)
     once = coll._scatter_plan(rt, arr, plain, given)
-    assert once.offsets.tolist() == [0, 8, 16, 56] and once.out_shape == (1, 2)
+    assert once.offsets.tolist() == [0, 8, 16, 56] and once.out_shape == (1, 2) and once.ring_scratch == 128
     assert coll._scatter_plan(rt, arr, plain, given) is not once and len(coll._SCATTER_PLANS) == 4
     monkeypatch.setattr(coll, "SCATTER_PLANS_KEPT", 4)
     assert coll._scatter_plan(rt, np.zeros(9, np.float32), plain, None).out_shape == (3,)

@@ -335,16 +335,15 @@ class _ScatterPlan(NamedTuple):
     """What a reducescatter derives from its signature alone (`_scatter_plan`)."""
     offsets: np.ndarray  # byte offsets of every rank's rows in the input (read-only)
     out_shape: tuple  # this rank's result
-    by_segment: bool  # through the host's shared segment, else the ring
-    scaled_at: int  # where a scaled copy of the input starts in the scratch buffer
+    ring_scratch: int  # the ring's scratch, two of the largest chunks (the scaled copy after it)
     need_copy: bool  # the input is scaled (prescale, or Average dividing first) into a copy
     reduce_fn: int  # the reduction cfunc
     finalize: object  # finalizer(work, size): the division and postscale, or None
 
 
-# (input shape, dtype, work, ranks, rank, segment mapped) -> its _ScatterPlan: training repeats
-# the same reducescatter, and deriving the plan cost 4 us of a call, 10-12 us at 1 MiB where
-# it runs after the data has evicted it from the caches (BENCHMARKS.md, "Round 2, session 25")
+# (input shape, dtype, work, ranks, rank) -> its _ScatterPlan: training repeats the same
+# reducescatter, and deriving the plan cost 4 us of a call, 7-17 us at 1 MiB where it runs
+# after the data has left the caches (BENCHMARKS.md, "Round 2, session 25")
 _SCATTER_PLANS: dict[tuple, _ScatterPlan] = {}
 SCATTER_PLANS_KEPT = 1024  # distinct signatures remembered (then derived each call)
 
@@ -352,18 +351,15 @@ SCATTER_PLANS_KEPT = 1024  # distinct signatures remembered (then derived each c
 def _scatter_plan(rt, arr: np.ndarray, work: AllreduceWork, counts: np.ndarray | None) -> _ScatterPlan:
     """`reduce_scatter_rows`' plan for `arr` (counts[r] rows to rank r; None: the contract's
     split, and the plan is kept)."""
-    key = None if counts is not None else (arr.shape, arr.dtype, work, rt.size, rt.rank, rt.shm is not None)
+    key = None if counts is not None else (arr.shape, arr.dtype, work, rt.size, rt.rank)
     plan = _SCATTER_PLANS.get(key)
     if plan is not None:
         return plan
     rows = chunk_offsets(arr.shape[0], rt.size, 1) if counts is None else byte_offsets(counts, 1)
     offsets = rows * row_bytes(arr)
     offsets.flags.writeable = False
-    total = int(offsets[-1])
-    by_segment = rt.shm is not None and total <= SHM_REDUCESCATTER_MAX_BYTES
-    # scratch for the ring: two chunks, then the scaled copy
-    plan = _ScatterPlan(offsets, (int(rows[rt.rank + 1] - rows[rt.rank]),) + arr.shape[1:], by_segment,
-                        0 if by_segment else -(-2 * int(np.diff(offsets).max()) // 64) * 64,
+    plan = _ScatterPlan(offsets, (int(rows[rt.rank + 1] - rows[rt.rank]),) + arr.shape[1:],
+                        -(-2 * int(np.diff(offsets).max()) // 64) * 64,
                         work.prescale != 1.0 or predivides(work, rt.size),
                         kernels.reduce_cfunc(KERNEL_OP[work.op], work.spec.dtype), finalizer(work, rt.size))
     if key is not None and len(_SCATTER_PLANS) < SCATTER_PLANS_KEPT:
@@ -380,10 +376,12 @@ def reduce_scatter_rows(rt, arr: np.ndarray, work: AllreduceWork, counts: np.nda
     plan = _scatter_plan(rt, arr, work, counts)
     offsets, itemsize = plan.offsets, work.spec.dtype.itemsize
     total = int(offsets[-1])
+    by_segment = rt.shm is not None and total <= SHM_REDUCESCATTER_MAX_BYTES
+    scaled_at = 0 if by_segment else plan.ring_scratch
     src = arr
     if plan.need_copy:
-        scratch = rt.scratch(plan.scaled_at + arr.nbytes)
-        src = scratch[plan.scaled_at:plan.scaled_at + arr.nbytes].view(arr.dtype).reshape(arr.shape)
+        scratch = rt.scratch(scaled_at + arr.nbytes)
+        src = scratch[scaled_at:scaled_at + arr.nbytes].view(arr.dtype).reshape(arr.shape)
         np.copyto(src, arr)
         prescale(work, src.reshape(-1), rt.size)
     elif not is_c_contiguous(arr):
@@ -394,11 +392,11 @@ def reduce_scatter_rows(rt, arr: np.ndarray, work: AllreduceWork, counts: np.nda
     # line boundary (the frameworks') keeps its result on one too, which JAX and TensorFlow
     # need to take it without a copy. With more ranks the ring receives a partial sum there.
     at = array_address(src)
-    phase = (at + int(offsets[rt.rank]) if rt.size == 2 and not (plan.by_segment or rt.crosses_hosts)
+    phase = (at + int(offsets[rt.rank]) if rt.size == 2 and not (by_segment or rt.crosses_hosts)
              and at % POOL_ALIGN_BYTES else None)
     out = _pool.empty(plan.out_shape, arr.dtype, phase=phase)
     reduce_fn = plan.reduce_fn
-    if total and plan.by_segment:
+    if total and by_segment:
         def reduce_scatter(streaming: bool) -> None:
             rt.shm.reduce_scatter(at, offsets, array_address(out), reduce_fn, itemsize, streaming)
         if total >= SHM_TIMED_CHOICE_MIN_BYTES:
@@ -407,7 +405,7 @@ def reduce_scatter_rows(rt, arr: np.ndarray, work: AllreduceWork, counts: np.nda
             reduce_scatter(False)
     elif total:
         ring_reduce_scatter_into(rt.transport, at, offsets, array_address(out),
-                                 array_address(rt.scratch(plan.scaled_at)), ring_segment(rt, itemsize),
+                                 array_address(rt.scratch(scaled_at)), ring_segment(rt, itemsize),
                                  reduce_fn, itemsize)
     if plan.finalize is not None:
         plan.finalize(out.reshape(-1))
