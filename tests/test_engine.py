@@ -627,3 +627,43 @@ def test_a_steady_stream_of_submissions_still_completes_without_a_wait():
     assert first.done(), f"not completed after {len(handles)} more submissions"
     assert fastring.synchronize(first).tolist() == [0.0, 1.0, 2.0, 3.0]
     assert all(fastring.synchronize(h).tolist() == [1.0, 1.0] for h in handles)
+
+
+def test_a_lean_allreduce_above_the_cycle_chooses_its_algorithm_once(monkeypatch):
+    """`Engine._lone_algorithm`: a synchronous allreduce too large for the cycle takes the
+    algorithm `algorithms.choose` gives for its size and dtype under the engine's setting,
+    chosen once per (size, dtype) and then looked up, LONE_CALLS_KEPT of them; the result is
+    still reduced."""
+    from fastring import algorithms
+    from fastring._core.config import SMALL_MESSAGE_BYTES
+    from fastring._core.dtypes import spec_of
+    from fastring._core.runtime import runtime
+    from fastring.engine import engine as engine_module
+
+    fastring.init()
+    engine = runtime().engine
+    monkeypatch.setattr(engine, "_lone_algorithms", {})
+    f32, f64 = spec_of(np.float32), spec_of(np.float64)
+    nbytes = SMALL_MESSAGE_BYTES + 4
+    chosen = engine._lone_algorithm(nbytes, f32)
+    expected = algorithms.choose("allreduce", nbytes, f32, rt=engine.rt, setting=engine.config.algorithm,
+                                 may_ride_cycle=False)
+    assert chosen == (expected, f"allreduce ({expected.name})")
+    assert engine._lone_algorithm(nbytes, f32) is chosen and engine._lone_algorithm(nbytes, f64) is not chosen
+    ran = []
+
+    class Spy:  # the kept choice is the one that runs
+        name = "spy"
+
+        @staticmethod
+        def run(rt, reduction):
+            ran.append(engine._executor.running[0])
+            expected.run(rt, reduction)
+    engine._lone_algorithms[(nbytes, "float32")] = (Spy, "allreduce (spy)")
+    x = np.arange(nbytes // 4, dtype=np.float32)
+    assert np.array_equal(fastring.allreduce(x, op=fastring.Sum, name="lean.large"), x) and ran == ["allreduce (spy)"]
+    assert list(engine._lone_algorithms) == [(nbytes, "float32"), (nbytes, "float64")]
+    monkeypatch.setattr(engine_module, "LONE_CALLS_KEPT", 2)
+    assert engine._lone_algorithm(2 * nbytes, f32)[0] is algorithms.choose(
+        "allreduce", 2 * nbytes, f32, rt=engine.rt, setting=engine.config.algorithm, may_ride_cycle=False)
+    assert len(engine._lone_algorithms) == 2  # full: chosen, not kept

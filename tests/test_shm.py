@@ -91,6 +91,44 @@ def test_unlink_mapped_takes_only_mapped_names_under_the_prefix(tmp_path):
     assert shm.unlink_mapped(prefix, str(maps)) == []   # already gone: nothing, no error
 
 
+def test_segment_call_arguments_are_derived_once_per_reduction(monkeypatch):
+    """`algorithms.shm._call_args`: the cfuncs, one-step choice and finish of a reduction are
+    derived once per (buffer size, dtype, op, message size, division and postscale) and handed
+    out again; anything else in the key gives its own."""
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from fastring import kernels
+    from fastring._core.dtypes import spec_of
+    from fastring._core.ops import KERNEL_OP, ReduceOp
+    from fastring._core.work import Finish, nothing
+    from fastring.algorithms import shm
+    from fastring.algorithms.base import Reduction
+    from fastring._core.config import SHM_ONE_STEP_BYTES
+    monkeypatch.setattr(shm, "_CALL_ARGS", {})
+    seg = SimpleNamespace(tile_bytes=4 << 20)
+    f32 = spec_of(np.float32)
+
+    def args(count, spec=f32, op=ReduceOp.Sum, finish=nothing, on=seg):
+        return shm._call_args(on, Reduction(np.zeros(count, spec.dtype), spec, op, finish))
+    small, large = SHM_ONE_STEP_BYTES // 4, SHM_ONE_STEP_BYTES // 4 + 1
+    plain = args(small)
+    assert plain == (kernels.reduce_cfunc(KERNEL_OP[ReduceOp.Sum], f32.dtype), 4, True, ())
+    assert args(small) is plain and args(large)[2] is False
+    assert args(small, on=SimpleNamespace(tile_bytes=1 << 20))[2] is True
+    assert args(small, on=SimpleNamespace(tile_bytes=small * 4 - 4))[2] is False
+    assert args(small, op=ReduceOp.Max)[0] == kernels.reduce_cfunc(KERNEL_OP[ReduceOp.Max], f32.dtype)
+    f64 = args(small, spec_of(np.float64))
+    assert f64[:2] == (kernels.reduce_cfunc(KERNEL_OP[ReduceOp.Sum], np.dtype(np.float64)), 8)
+    average = args(small, finish=Finish(2, 1.0))
+    assert average[3] == (kernels.finish_cfunc(f32.dtype), 2, 1.0)
+    assert args(small, finish=Finish(2, 1.0)) is average
+    assert args(small, finish=Finish(1, 3.0))[3][1:] == (1, 3.0)
+    assert len(shm._CALL_ARGS) == 8
+    monkeypatch.setattr(shm, "CALL_ARGS_KEPT", 8)
+    assert args(small - 1)[:3] == plain[:3] and len(shm._CALL_ARGS) == 8  # full: derived, not kept
+
 def test_path_times():
     """Which path a single-copy-sized allreduce takes for a buffer (algorithms.shm.PathTimes):
     single copy and the pipeline alternate, single copy first, until each was timed twice, then

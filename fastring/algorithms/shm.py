@@ -84,15 +84,28 @@ def _stores(rt, nbytes: int, call, most: int):
     return timed_stores(rt, "allreduce", nbytes, call)
 
 
+# (buffer bytes, dtype name, op, message bytes, Finish's divisor and factor or None) -> its
+# `_call_args`: a training step repeats the same allreduces, and deriving them cost 2.8 us a
+# call against 0.3 for the lookup (BENCHMARKS.md, "Round 2, session 25")
+_CALL_ARGS: dict[tuple, tuple] = {}
+CALL_ARGS_KEPT = 1024  # distinct reductions remembered (then derived each call)
+
+
 def _call_args(shm, r: Reduction) -> tuple:
     """(reduce cfunc, itemsize, one step?, finishing) of `r` for the segment's allreduce calls.
     `finishing`: a Finish runs piece by piece where each piece is reduced, while in cache
     (its cfunc and arguments); () where `r.finalize` runs on the whole result after."""
     spec, finish = r.spec, r.finalize
-    finishing = ((kernels.finish_cfunc(spec.dtype), finish.divisor, finish.factor)
-                 if isinstance(finish, Finish) else ())
-    return (kernels.reduce_cfunc(KERNEL_OP[r.op], spec.dtype), spec.dtype.itemsize,
-            r.flat.nbytes <= min(SHM_ONE_STEP_BYTES, shm.tile_bytes), finishing)
+    finishes = isinstance(finish, Finish)
+    key = (shm.tile_bytes, spec.name, r.op, r.flat.nbytes, (finish.divisor, finish.factor) if finishes else None)
+    args = _CALL_ARGS.get(key)
+    if args is None:
+        args = (kernels.reduce_cfunc(KERNEL_OP[r.op], spec.dtype), spec.dtype.itemsize,
+                r.flat.nbytes <= min(SHM_ONE_STEP_BYTES, shm.tile_bytes),
+                (kernels.finish_cfunc(spec.dtype), finish.divisor, finish.factor) if finishes else ())
+        if len(_CALL_ARGS) < CALL_ARGS_KEPT:
+            _CALL_ARGS[key] = args
+    return args
 
 
 class PathTimes:

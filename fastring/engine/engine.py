@@ -81,6 +81,9 @@ class Engine:
         # name -> (fields, signature hash, reducer) of a lean allreduce: one lookup a call when
         # the name comes back with the very same fields object (the api's plans hand it out)
         self._lone_calls: dict[str, tuple] = {}
+        # (bytes, dtype name) -> (algorithm, its stall label) of a lean allreduce above the
+        # cycle: the choice depends on nothing else of this engine's runtime and settings
+        self._lone_algorithms: dict[tuple, tuple] = {}
         self._noname: dict = {}  # kind (main thread) or (thread name, kind) -> next number
         self._keep_cycling = False   # some rank still had work after the last cycle
         self._speculate = True
@@ -224,9 +227,8 @@ class Engine:
                 try:
                     divide = self._average_finish(op)
                     flat = result.reshape(-1)
-                    algorithm = algorithms.choose("allreduce", arr.nbytes, spec, rt=self.rt,
-                                                  setting=self.config.algorithm, may_ride_cycle=False)
-                    self._executor.running = (f"allreduce ({algorithm.name})", [name])  # for a stall's message
+                    algorithm, label = self._lone_algorithm(arr.nbytes, spec)
+                    self._executor.running = (label, [name])  # for a stall's message
                     algorithm.run(self.rt, algorithms.Reduction(flat, spec, op, divide,
                                                                 src=None if result is arr else arr.reshape(-1)))
                 except BaseException as e:  # noqa: BLE001 - see _interrupted
@@ -236,6 +238,20 @@ class Engine:
         finally:
             self._cycle_lock.release()
         return self._wait_queued(req)
+
+    def _lone_algorithm(self, nbytes: int, spec: DtypeSpec) -> tuple:
+        """(the algorithm, its label in a stall's message) of a lean allreduce of `nbytes` of
+        `spec`, chosen once per size and dtype (LONE_CALLS_KEPT of them), the rest of the
+        choice being this engine's runtime and settings."""
+        key = (nbytes, spec.name)
+        known = self._lone_algorithms.get(key)
+        if known is None:
+            algorithm = algorithms.choose("allreduce", nbytes, spec, rt=self.rt, setting=self.config.algorithm,
+                                          may_ride_cycle=False)
+            known = (algorithm, f"allreduce ({algorithm.name})")
+            if len(self._lone_algorithms) < LONE_CALLS_KEPT:
+                self._lone_algorithms[key] = known
+        return known
 
     def lone_grouped(self, arrays: list, spec: DtypeSpec, op: ReduceOp, name: str | None, fields: tuple,
                      nbytes: int, request: Callable[[str], Request]) -> list | None:
