@@ -129,6 +129,7 @@ def test_segment_call_arguments_are_derived_once_per_reduction(monkeypatch):
     monkeypatch.setattr(shm, "CALL_ARGS_KEPT", 8)
     assert args(small - 1)[:3] == plain[:3] and len(shm._CALL_ARGS) == 8  # full: derived, not kept
 
+
 def test_path_times():
     """Which path a single-copy-sized allreduce takes for a buffer (algorithms.shm.PathTimes):
     single copy and the pipeline alternate, single copy first, until each was timed twice, then
