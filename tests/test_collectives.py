@@ -252,9 +252,8 @@ def test_own_counts_are_kept_apart_by_kind():
 
 
 def test_a_reducescatter_plan_is_derived_once_per_signature(monkeypatch):
-    """`reduce_scatter_rows` derives its offsets, result shape, scratch, scaling and reduction
-    once per (shape, dtype, work, ranks, rank); a plan for counts the caller gives is built
-    each call. Which path runs (the segment or the ring) is decided at each call."""
+    """`reduce_scatter_rows` derives its offsets, result shape, scaling and reduction once per
+    (shape, dtype, work, ranks, rank); a plan for counts the caller gives is built each call."""
     from types import SimpleNamespace
 
     import numpy as np
@@ -268,9 +267,9 @@ def test_a_reducescatter_plan_is_derived_once_per_signature(monkeypatch):
     arr = np.zeros((7, 2), np.float32)
     plain = work_of(spec_of(np.float32), ReduceOp.Sum, 1.0, 1.0)
     plan = coll._scatter_plan(rt, arr, plain, None)
-    # rows 3, 2, 2 of 8 bytes; the ring's scratch holds two of the largest chunks
+    # rows 3, 2, 2 of 8 bytes
     assert plan.offsets.tolist() == [0, 24, 40, 56] and not plan.offsets.flags.writeable
-    assert plan.out_shape == (2, 2) and plan.ring_scratch == 64 and not plan.need_copy and plan.finalize is None
+    assert plan.out_shape == (2, 2) and not plan.need_copy and plan.finalize is None
     assert coll._scatter_plan(rt, np.ones((7, 2), np.float32), plain, None) is plan
     assert coll._scatter_plan(SimpleNamespace(size=3, rank=0), arr, plain, None).out_shape == (3, 2)
     assert coll._scatter_plan(SimpleNamespace(size=2, rank=1), arr, plain, None).offsets.tolist() == [0, 32, 56]
@@ -278,8 +277,46 @@ def test_a_reducescatter_plan_is_derived_once_per_signature(monkeypatch):
     assert scaled.need_copy and (scaled.finalize.divisor, scaled.finalize.factor) == (1, 3.0)
     given = np.array([1, 1, 5], np.int64)
     once = coll._scatter_plan(rt, arr, plain, given)
-    assert once.offsets.tolist() == [0, 8, 16, 56] and once.out_shape == (1, 2) and once.ring_scratch == 128
+    assert once.offsets.tolist() == [0, 8, 16, 56] and once.out_shape == (1, 2)
     assert coll._scatter_plan(rt, arr, plain, given) is not once and len(coll._SCATTER_PLANS) == 4
     monkeypatch.setattr(coll, "SCATTER_PLANS_KEPT", 4)
     assert coll._scatter_plan(rt, np.zeros(9, np.float32), plain, None).out_shape == (3,)
     assert len(coll._SCATTER_PLANS) == 4  # full: built, not kept
+
+
+def test_a_reducescatter_decides_its_path_at_each_call(monkeypatch):
+    """With one plan kept, each call still goes through the segment or the ring by its bytes
+    against SHM_REDUCESCATTER_MAX_BYTES as it stands then; a scaled input is copied to the
+    scratch buffer's start for the segment, and past the ring's two chunks for the ring."""
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from fastring._core.dtypes import spec_of
+    from fastring._core.ops import ReduceOp
+    from fastring._core.work import work_of
+    from fastring._transport import array_address
+    from fastring.algorithms import collectives as coll
+    monkeypatch.setattr(coll, "_SCATTER_PLANS", {})
+    ran = []
+    scratch = np.zeros(1 << 12, np.uint8)
+    segment = SimpleNamespace(reduce_scatter=lambda src, offsets, dst, *rest: ran.append(("segment", src)))
+    rt = SimpleNamespace(size=2, rank=1, shm=segment, crosses_hosts=False, transport=None,
+                         scratch=lambda nbytes: scratch[:max(nbytes, 1)])
+    monkeypatch.setattr(coll, "ring_reduce_scatter_into",
+                        lambda t, src, offsets, out, work, *rest: ran.append(("ring", src, work)))
+    arr = np.arange(10, dtype=np.float32).reshape(5, 2)  # rows 3 and 2 of 8 bytes
+    doubled = work_of(spec_of(np.float32), ReduceOp.Sum, 2.0, 1.0)
+    at = array_address(scratch)
+    threshold = coll.SHM_REDUCESCATTER_MAX_BYTES
+    coll.reduce_scatter_rows(rt, arr, doubled)
+    monkeypatch.setattr(coll, "SHM_REDUCESCATTER_MAX_BYTES", 0)
+    coll.reduce_scatter_rows(rt, arr, doubled)
+    monkeypatch.setattr(coll, "SHM_REDUCESCATTER_MAX_BYTES", threshold)
+    coll.reduce_scatter_rows(rt, arr, doubled)
+    rt.shm = None
+    coll.reduce_scatter_rows(rt, arr, doubled)
+    # the ring's scratch: two chunks of 24 bytes, a line's multiple: 64
+    assert ran == [("segment", at), ("ring", at + 64, at), ("segment", at), ("ring", at + 64, at)]
+    assert np.array_equal(scratch[64:104].view(np.float32), 2 * arr.reshape(-1))
+    assert len(coll._SCATTER_PLANS) == 1

@@ -100,12 +100,12 @@ def test_segment_call_arguments_are_derived_once_per_reduction(monkeypatch):
     import numpy as np
 
     from fastring import kernels
+    from fastring._core.config import SHM_ONE_STEP_BYTES
     from fastring._core.dtypes import spec_of
     from fastring._core.ops import KERNEL_OP, ReduceOp
     from fastring._core.work import Finish, nothing
     from fastring.algorithms import shm
     from fastring.algorithms.base import Reduction
-    from fastring._core.config import SHM_ONE_STEP_BYTES
     monkeypatch.setattr(shm, "_CALL_ARGS", {})
     seg = SimpleNamespace(tile_bytes=4 << 20)
     f32 = spec_of(np.float32)
@@ -125,9 +125,11 @@ def test_segment_call_arguments_are_derived_once_per_reduction(monkeypatch):
     assert average[3] == (kernels.finish_cfunc(f32.dtype), 2, 1.0)
     assert args(small, finish=Finish(2, 1.0)) is average
     assert args(small, finish=Finish(1, 3.0))[3][1:] == (1, 3.0)
-    assert len(shm._CALL_ARGS) == 8
-    monkeypatch.setattr(shm, "CALL_ARGS_KEPT", 8)
-    assert args(small - 1)[:3] == plain[:3] and len(shm._CALL_ARGS) == 8  # full: derived, not kept
+    assert args(small, finish=Finish(2, 3.0))[3][1:] == (2, 3.0)
+    assert args(small, finish=Finish(3, 1.0))[3][1:] == (3, 1.0)
+    assert len(shm._CALL_ARGS) == 10
+    monkeypatch.setattr(shm, "CALL_ARGS_KEPT", 10)
+    assert args(small - 1)[:3] == plain[:3] and len(shm._CALL_ARGS) == 10  # full: derived, not kept
 
 
 def test_path_times():

@@ -47,7 +47,7 @@ from .._core.config import (BROADCAST_CHAIN_BYTES, BROADCAST_SEGMENT_BYTES, BROA
                             SMALL_MESSAGE_BYTES)
 from .._core.dtypes import spec_of
 from .._core.ops import KERNEL_OP, ReduceOp
-from .._core.work import AllreduceWork, finalizer, predivides, prescale, split_for_average, unpack, work_of
+from .._core.work import AllreduceWork, Finish, finalizer, predivides, prescale, split_for_average, unpack, work_of
 from .._transport import (array_address, chain_broadcast, copy_from_array, gather_strided, is_c_contiguous,
                           pairwise_alltoall, ring_reduce_scatter_into, single_copy_broadcast, tree_broadcast)
 from .._transport.shm import EXCHANGE_BY_SIZE, EXCHANGE_DIRECT, EXCHANGE_SINGLE_COPY, EXCHANGE_STREAM
@@ -335,14 +335,13 @@ class _ScatterPlan(NamedTuple):
     """What a reducescatter derives from its signature alone (`_scatter_plan`)."""
     offsets: np.ndarray  # byte offsets of every rank's rows in the input (read-only)
     out_shape: tuple  # this rank's result
-    ring_scratch: int  # the ring's scratch, two of the largest chunks (the scaled copy after it)
     need_copy: bool  # the input is scaled (prescale, or Average dividing first) into a copy
     reduce_fn: int  # the reduction cfunc
-    finalize: object  # finalizer(work, size): the division and postscale, or None
+    finalize: Finish | None  # finalizer(work, size): the division and postscale
 
 
 # (input shape, dtype, work, ranks, rank) -> its _ScatterPlan: training repeats the same
-# reducescatter, and deriving the plan cost 4 us of a call, 7-17 us at 1 MiB where it runs
+# reducescatter, and deriving the plan every call cost 8-20 us of a 1 MiB call, where it runs
 # after the data has left the caches (BENCHMARKS.md, "Round 2, session 25")
 _SCATTER_PLANS: dict[tuple, _ScatterPlan] = {}
 SCATTER_PLANS_KEPT = 1024  # distinct signatures remembered (then derived each call)
@@ -359,7 +358,6 @@ def _scatter_plan(rt, arr: np.ndarray, work: AllreduceWork, counts: np.ndarray |
     offsets = rows * row_bytes(arr)
     offsets.flags.writeable = False
     plan = _ScatterPlan(offsets, (int(rows[rt.rank + 1] - rows[rt.rank]),) + arr.shape[1:],
-                        -(-2 * int(np.diff(offsets).max()) // 64) * 64,
                         work.prescale != 1.0 or predivides(work, rt.size),
                         kernels.reduce_cfunc(KERNEL_OP[work.op], work.spec.dtype), finalizer(work, rt.size))
     if key is not None and len(_SCATTER_PLANS) < SCATTER_PLANS_KEPT:
@@ -377,10 +375,11 @@ def reduce_scatter_rows(rt, arr: np.ndarray, work: AllreduceWork, counts: np.nda
     offsets, itemsize = plan.offsets, work.spec.dtype.itemsize
     total = int(offsets[-1])
     by_segment = rt.shm is not None and total <= SHM_REDUCESCATTER_MAX_BYTES
-    scaled_at = 0 if by_segment else plan.ring_scratch
+    # Scratch: for the ring, two chunks; then, when the input must be scaled first, a copy of it.
+    scaled_at = 0 if by_segment else -(-2 * int(np.diff(offsets).max()) // 64) * 64
+    scratch = rt.scratch(scaled_at + (arr.nbytes if plan.need_copy else 0))
     src = arr
     if plan.need_copy:
-        scratch = rt.scratch(scaled_at + arr.nbytes)
         src = scratch[scaled_at:scaled_at + arr.nbytes].view(arr.dtype).reshape(arr.shape)
         np.copyto(src, arr)
         prescale(work, src.reshape(-1), rt.size)
@@ -405,8 +404,7 @@ def reduce_scatter_rows(rt, arr: np.ndarray, work: AllreduceWork, counts: np.nda
             reduce_scatter(False)
     elif total:
         ring_reduce_scatter_into(rt.transport, at, offsets, array_address(out),
-                                 array_address(rt.scratch(scaled_at)), ring_segment(rt, itemsize),
-                                 reduce_fn, itemsize)
+                                 array_address(scratch), ring_segment(rt, itemsize), reduce_fn, itemsize)
     if plan.finalize is not None:
         plan.finalize(out.reshape(-1))
     return out

@@ -8,6 +8,9 @@ device ring, the compressed ring) still take the messages only they can carry.
 
 To add an algorithm: write its class (`name`, `selectable`, `accepts(message)`,
 `available(message)`, `run(rt, reduction)`) in a module of this package and list it here.
+An allreduce algorithm's `accepts` and `available` may read only the message and what its
+runtime fixes at `init` (its segments, its hierarchy, its settings): the engine keeps a
+synchronous allreduce's choice per size and dtype (`Engine._lone_algorithm`).
 """
 from __future__ import annotations
 

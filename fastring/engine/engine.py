@@ -51,7 +51,8 @@ from .timeline import Timeline
 log = logging.getLogger("fastring")
 # a class attribute of an enum costs a lean call 60 ns to look up; a module global does not
 _AVERAGE = ReduceOp.Average
-LONE_CALLS_KEPT = 4096  # named lean allreduces remembered (see Engine._lone_calls)
+# named lean allreduces (Engine._lone_calls), and the sizes' algorithms (_lone_algorithms), remembered
+LONE_CALLS_KEPT = 4096
 _NOT_CACHED = (None, None)
 
 
@@ -82,7 +83,8 @@ class Engine:
         # the name comes back with the very same fields object (the api's plans hand it out)
         self._lone_calls: dict[str, tuple] = {}
         # (bytes, dtype name) -> (algorithm, its stall label) of a lean allreduce above the
-        # cycle: the choice depends on nothing else of this engine's runtime and settings
+        # cycle: the rest of the choice (the runtime, config.algorithm) is fixed for this
+        # engine's life
         self._lone_algorithms: dict[tuple, tuple] = {}
         self._noname: dict = {}  # kind (main thread) or (thread name, kind) -> next number
         self._keep_cycling = False   # some rank still had work after the last cycle
