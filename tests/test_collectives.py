@@ -320,3 +320,70 @@ def test_a_reducescatter_decides_its_path_at_each_call(monkeypatch):
     assert ran == [("segment", at), ("ring", at + 64, at), ("segment", at), ("ring", at + 64, at)]
     assert np.array_equal(scratch[64:104].view(np.float32), 2 * arr.reshape(-1))
     assert len(coll._SCATTER_PLANS) == 1
+
+
+def test_broadcast_and_reducescatter_fields_are_one_object_per_signature(monkeypatch):
+    """A broadcast's and a reducescatter's fields are built once per signature and handed out
+    as that object (the engine's caches then match them at once); every field that must agree
+    across ranks tells signatures apart; a NaN scale factor's fields are never kept (a NaN
+    key is never found again); FIELDS_KEPT caps what is kept."""
+    from fastring._core.dtypes import spec_of
+    from fastring._core.ops import ReduceOp
+    from fastring.api import collectives as api
+    monkeypatch.setattr(api, "_FIELDS", {})
+    f32, f64 = spec_of(np.float32), spec_of(np.float64)
+    fields = api._broadcast_fields(f32, (4, 2), 1)
+    assert fields == (("collective", "broadcast"), ("dtype", "float32"), ("shape", (4, 2)), ("root_rank", 1),
+                      ("device", "cpu"))
+    assert api._broadcast_fields(f32, (4, 2), 1) is fields
+    others = [api._broadcast_fields(f64, (4, 2), 1), api._broadcast_fields(f32, (8,), 1),
+              api._broadcast_fields(f32, (4, 2), 0)]
+    assert all(o != fields for o in others) and len(api._FIELDS) == 4
+    scatter = api._reducescatter_fields(f32, (4,), ReduceOp.Sum, 1.0, 2.0)
+    assert dict(scatter) == {"collective": "reducescatter", "dtype": "float32", "shape": (4,), "op": "Sum",
+                             "prescale_factor": 1.0, "postscale_factor": 2.0, "device": "cpu"}
+    assert api._reducescatter_fields(f32, (4,), ReduceOp.Sum, 1.0, 2.0) is scatter
+    assert api._reducescatter_fields(f32, (4,), ReduceOp.Min, 1.0, 2.0) != scatter
+    assert api._reducescatter_fields(f32, (4,), ReduceOp.Sum, 1.0, 3.0) != scatter
+    assert api._alltoall_parts(np.ones(3, np.float32), None, "x", None)[3] is api._rows_fields(
+        "alltoall", np.ones(5, np.float32), f32)
+    kept = len(api._FIELDS)
+    nan = float("nan")
+    assert np.isnan(dict(api._reducescatter_fields(f32, (4,), ReduceOp.Sum, nan, 1.0))["prescale_factor"])
+    assert len(api._FIELDS) == kept
+    monkeypatch.setattr(api, "FIELDS_KEPT", kept)
+    assert api._broadcast_fields(f32, (5,), 0) is not api._broadcast_fields(f32, (5,), 0)  # full: built each call
+
+
+def test_a_broadcast_chooses_its_algorithm_once_per_size_and_single_copy(monkeypatch):
+    """`broadcast_bytes` asks the registry once per (bytes, single copy on) and runs the kept
+    choice; a failed copy that turns single copy off is a new key, so the next call chooses
+    again; BROADCAST_CHOICES_KEPT caps what a runtime keeps; one rank or no bytes move nothing."""
+    from types import SimpleNamespace
+
+    from fastring.algorithms import registry
+    asked, ran = [], []
+
+    def algorithm(name):
+        return SimpleNamespace(name=name, run=lambda rt, buf, root: ran.append((name, buf.nbytes, root)))
+
+    def choose(collective, nbytes, rt):
+        asked.append((collective, nbytes, rt.transport.single_copy))
+        return algorithm("single" if rt.transport.single_copy else "stream")
+    monkeypatch.setattr(registry, "choose", choose)
+    rt = SimpleNamespace(size=2, transport=SimpleNamespace(single_copy=True), broadcast_algorithms={})
+    buf = np.zeros(16, np.uint8)
+    registry.broadcast_bytes(rt, buf, 1)
+    registry.broadcast_bytes(rt, buf, 0)
+    rt.transport.single_copy = False
+    registry.broadcast_bytes(rt, buf, 0)
+    registry.broadcast_bytes(rt, buf[:8], 0)
+    assert asked == [("broadcast", 16, True), ("broadcast", 16, False), ("broadcast", 8, False)]
+    assert ran == [("single", 16, 1), ("single", 16, 0), ("stream", 16, 0), ("stream", 8, 0)]
+    monkeypatch.setattr(registry, "BROADCAST_CHOICES_KEPT", 3)
+    registry.broadcast_bytes(rt, buf[:4], 0)
+    registry.broadcast_bytes(rt, buf[:4], 0)
+    assert asked[-2:] == [("broadcast", 4, False)] * 2 and len(rt.broadcast_algorithms) == 3
+    registry.broadcast_bytes(rt, buf[:0], 0)
+    registry.broadcast_bytes(SimpleNamespace(size=1), buf, 0)
+    assert len(ran) == 6

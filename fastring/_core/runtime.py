@@ -64,6 +64,9 @@ class Runtime:
         # per collective, which of its ways the calls measured faster (algorithms.choice); a
         # new runtime learns afresh
         self.choices: dict = {}
+        # (bytes, single copy on) -> the broadcast algorithm the registry chose for them
+        # (algorithms.broadcast_bytes): what else it reads is fixed for this runtime's life
+        self.broadcast_algorithms: dict = {}
         # the ranks of one host level share its memory (simulated hosts' namespaces too)
         self.host_shm = None if self.hierarchy is None else self._attach_shm(config, attach_shm,
                                                                              self.hierarchy[0][0])

@@ -10,7 +10,9 @@ To add an algorithm: write its class (`name`, `selectable`, `accepts(message)`,
 `available(message)`, `run(rt, reduction)`) in a module of this package and list it here.
 An allreduce algorithm's `accepts` and `available` may read only the message and what its
 runtime fixes at `init` (its segments, its hierarchy, its settings): the engine keeps a
-synchronous allreduce's choice per size and dtype (`Engine._lone_algorithm`).
+synchronous allreduce's choice per size and dtype (`Engine._lone_algorithm`). A broadcast
+algorithm's `accepts` may read those and whether single copy is on (`transport.single_copy`,
+which a failed copy turns off): `broadcast_bytes` keeps its choice per size and that.
 """
 from __future__ import annotations
 
@@ -28,6 +30,9 @@ REGISTRY: dict[str, tuple] = {
     "allreduce": (InCycle, DeviceRing, Hierarchical, CompressedRing, SharedMemory, MpiNative, RecursiveDoubling, Ring),
     "broadcast": (SharedMemoryBroadcast, SingleCopyBroadcast, ChainBroadcast, TreeBroadcast),
 }
+# broadcast sizes whose algorithm a runtime remembers (`broadcast_bytes`): the choice cost 3-5 us
+# of a 1 MiB broadcast (BENCHMARKS.md, "Round 2, session 26")
+BROADCAST_CHOICES_KEPT = 1024
 _BY_NAME = {a.name: a for algorithms in REGISTRY.values() for a in algorithms if getattr(a, "selectable", False)}
 SELECTABLE = ("auto", *_BY_NAME)
 
@@ -82,4 +87,10 @@ def broadcast_bytes(rt, buf: np.ndarray, root: int) -> None:
     """
     if rt.size == 1 or buf.nbytes == 0:
         return
-    choose("broadcast", buf.nbytes, rt=rt).run(rt, buf, root)
+    key = (buf.nbytes, rt.transport.single_copy)
+    algorithm = rt.broadcast_algorithms.get(key)
+    if algorithm is None:
+        algorithm = choose("broadcast", buf.nbytes, rt=rt)
+        if len(rt.broadcast_algorithms) < BROADCAST_CHOICES_KEPT:
+            rt.broadcast_algorithms[key] = algorithm
+    algorithm.run(rt, buf, root)

@@ -66,21 +66,36 @@ def _rows_array(tensor, kind: str) -> tuple[np.ndarray, DtypeSpec]:
     return arr, spec
 
 
-# (kind, dtype, trailing shape) -> the fields of an allgather or alltoall, one object per
-# signature: the engine's caches then compare a call's fields at once (api._lean._fields)
-_ROWS_FIELDS: dict[tuple, tuple] = {}
-ROWS_FIELDS_KEPT = 4096  # distinct signatures remembered (then built each call)
+# (kind, what the fields hold) -> the fields of an allgather, alltoall, broadcast or
+# reducescatter, one object
+# per signature: the engine's caches then compare a call's fields at once (api._lean._fields),
+# where a new tuple each call cost a broadcast's lean path 4-9 us of a 1 MiB call
+# (BENCHMARKS.md, "Round 2, session 26")
+_FIELDS: dict[tuple, tuple] = {}
+FIELDS_KEPT = 4096  # distinct signatures remembered (then built each call)
 
 
 def _rows_fields(kind: str, arr: np.ndarray, spec: DtypeSpec) -> tuple:
     """What must be equal on every rank for an allgather or alltoall of `arr` under one name:
     the dtype and the dimensions after the first."""
     key = (kind, spec.name, arr.shape[1:])
-    fields = _ROWS_FIELDS.get(key)
+    fields = _FIELDS.get(key)
     if fields is None:
         fields = (("collective", kind), ("dtype", spec.name), ("trailing_shape", arr.shape[1:]), ("device", "cpu"))
-        if len(_ROWS_FIELDS) < ROWS_FIELDS_KEPT:
-            _ROWS_FIELDS[key] = fields
+        if len(_FIELDS) < FIELDS_KEPT:
+            _FIELDS[key] = fields
+    return fields
+
+
+def _broadcast_fields(spec: DtypeSpec, shape: tuple, root: int) -> tuple:
+    """What must be equal on every rank for a broadcast under one name: dtype, shape, root."""
+    key = ("broadcast", spec.name, shape, root)
+    fields = _FIELDS.get(key)
+    if fields is None:
+        fields = (("collective", "broadcast"), ("dtype", spec.name), ("shape", shape), ("root_rank", root),
+                  ("device", "cpu"))
+        if len(_FIELDS) < FIELDS_KEPT:
+            _FIELDS[key] = fields
     return fields
 
 
@@ -128,7 +143,7 @@ def _own_counts(rt: Runtime, mine) -> tuple | None:
             counts[rt.rank] = mine
             counts.flags.writeable = False
             ride = (counts, ReduceOp.Sum, None)
-        if kept and len(_OWN_COUNTS) < ROWS_FIELDS_KEPT:
+        if kept and len(_OWN_COUNTS) < FIELDS_KEPT:
             _OWN_COUNTS[key] = ride
     return ride
 
@@ -214,7 +229,6 @@ def _broadcast_parts(tensor, root_rank, name, out, process_set) -> tuple:
             np.copyto(e.target, e.work)
         return e.result
 
-    fields = (("dtype", spec.name), ("shape", arr.shape), ("root_rank", root), ("device", "cpu"))
     ride = None
     if _in_cycle(rt, arr.nbytes):
         # the root's bytes summed with the others' zeros, as unsigned integers (every bit
@@ -222,7 +236,7 @@ def _broadcast_parts(tensor, root_rank, name, out, process_set) -> tuple:
         src = e.src if rt.rank == root else _zeros(arr.nbytes)
         ride = (src if is_c_contiguous(src) else np.ascontiguousarray(src), ReduceOp.Sum, e.work,
                 _WORDS if arr.nbytes % 8 == 0 else _BYTES)
-    return _parts(rt, "broadcast", name, fields, arr.nbytes, execute) + (ride,)
+    return rt, "broadcast", name, _broadcast_fields(spec, arr.shape, root), arr.nbytes, execute, ride
 
 
 def _in_cycle(rt: Runtime, nbytes: int) -> bool:
@@ -384,12 +398,23 @@ def _reducescatter_parts(tensor, op, name, prescale_factor, postscale_factor, pr
         out = reduce_scatter_rows(rt, arr, work) if reduced is None else own_rows(rt, reduced, work)
         return like(tensor, out)
 
-    fields = (("dtype", spec.name), ("shape", arr.shape), ("op", op.name),
-              ("prescale_factor", prescale), ("postscale_factor", postscale), ("device", "cpu"))
     ride = None
     if _in_cycle(rt, arr.nbytes) and rides_cycle(work, rt.size):
         ride = (arr if is_c_contiguous(arr) else np.ascontiguousarray(arr), op)
-    return _parts(rt, "reducescatter", name, fields, arr.nbytes, execute) + (ride,)
+    return (rt, "reducescatter", name, _reducescatter_fields(spec, arr.shape, op, prescale, postscale), arr.nbytes,
+            execute, ride)
+
+
+def _reducescatter_fields(spec: DtypeSpec, shape: tuple, op: ReduceOp, prescale: float, postscale: float) -> tuple:
+    """What must be equal on every rank for a reducescatter under one name (`_FIELDS`)."""
+    key = ("reducescatter", spec.name, shape, op, prescale, postscale)
+    fields = _FIELDS.get(key)
+    if fields is None:
+        fields = (("collective", "reducescatter"), ("dtype", spec.name), ("shape", shape), ("op", op.name),
+                  ("prescale_factor", prescale), ("postscale_factor", postscale), ("device", "cpu"))
+        if len(_FIELDS) < FIELDS_KEPT and prescale == prescale and postscale == postscale:  # no NaN key:
+            _FIELDS[key] = fields  # it would never be found
+    return fields
 
 
 def reducescatter_async(tensor, op: ReduceOp = ReduceOp.Average, *, name: str | None = None,
