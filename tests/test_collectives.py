@@ -387,3 +387,29 @@ def test_a_broadcast_chooses_its_algorithm_once_per_size_and_single_copy(monkeyp
     registry.broadcast_bytes(rt, buf[:0], 0)
     registry.broadcast_bytes(SimpleNamespace(size=1), buf, 0)
     assert len(ran) == 6
+
+
+def test_an_equal_split_alltoall_derives_its_parts_once(monkeypatch, initialized):
+    """`_alltoall_parts` keeps an equal split's fields, row counts and cycle ride per (dtype,
+    shape, ranks, rank) and hands out those very objects; splits the caller gives, and calls
+    that fail their checks, keep nothing; FIELDS_KEPT caps what is kept."""
+    from fastring.api import collectives as api
+    monkeypatch.setattr(api, "_EQUAL_SPLITS", {})
+    x = np.arange(6, dtype=np.float32).reshape(3, 2)
+    first = api._alltoall_parts(x, None, "a", None)
+    again = api._alltoall_parts(x.copy(), None, "a", None)
+    assert first[3] is again[3] and first[6] is again[6] and first[4] == x.nbytes
+    assert first[3] == (("collective", "alltoall"), ("dtype", "float32"), ("trailing_shape", (2,)), ("device", "cpu"))
+    assert first[6][0].tolist() == [[3]]  # the cycle's ride: this rank's rows to each rank
+    assert list(api._EQUAL_SPLITS) == [(x.dtype, (3, 2), 1, 0)]
+    assert first[5](first[0]).tolist() == x.tolist()  # one rank: its own rows back
+    api._alltoall_parts(x, [3], "a", None)
+    api._alltoall_parts(np.ones(4, np.float64), None, "a", None)
+    with pytest.raises(ValueError):
+        api._alltoall_parts(np.float32(1.0), None, "a", None)  # 0-d
+    with pytest.raises(TypeError):
+        api._alltoall_parts(np.ones(2, np.complex64), None, "a", None)
+    assert len(api._EQUAL_SPLITS) == 2
+    monkeypatch.setattr(api, "FIELDS_KEPT", 2)
+    api._alltoall_parts(np.ones(5, np.float64), None, "a", None)
+    assert len(api._EQUAL_SPLITS) == 2  # full: derived, not kept
