@@ -67,10 +67,9 @@ def _rows_array(tensor, kind: str) -> tuple[np.ndarray, DtypeSpec]:
 
 
 # (kind, what the fields hold) -> the fields of an allgather, alltoall, broadcast or
-# reducescatter, one object
-# per signature: the engine's caches then compare a call's fields at once (api._lean._fields),
-# where a new tuple each call cost a broadcast's lean path 4-9 us of a 1 MiB call
-# (BENCHMARKS.md, "Round 2, session 26")
+# reducescatter, one object per signature: the engine's caches then compare a call's fields
+# at once (api._lean._fields), where a new tuple each call cost a 1 MiB broadcast's lean path
+# 4-9 us (BENCHMARKS.md, "Round 2, session 26")
 _FIELDS: dict[tuple, tuple] = {}
 FIELDS_KEPT = 4096  # distinct signatures remembered (then built each call)
 
