@@ -322,15 +322,16 @@ def test_a_reducescatter_decides_its_path_at_each_call(monkeypatch):
     assert len(coll._SCATTER_PLANS) == 1
 
 
-def test_broadcast_and_reducescatter_fields_are_one_object_per_signature(monkeypatch):
+def test_broadcast_and_reducescatter_fields_are_one_object_per_signature(monkeypatch, initialized):
     """A broadcast's and a reducescatter's fields are built once per signature and handed out
-    as that object (the engine's caches then match them at once); every field that must agree
-    across ranks tells signatures apart; a NaN scale factor's fields are never kept (a NaN
-    key is never found again); FIELDS_KEPT caps what is kept."""
+    as that object, by their parts too (the engine's caches then match them at once); every
+    field that must agree across ranks tells signatures apart; a NaN scale factor's fields are
+    never kept (a NaN key is never found again); FIELDS_KEPT caps what is kept."""
     from fastring._core.dtypes import spec_of
     from fastring._core.ops import ReduceOp
     from fastring.api import collectives as api
     monkeypatch.setattr(api, "_FIELDS", {})
+    monkeypatch.setattr(api, "_EQUAL_SPLITS", {})
     f32, f64 = spec_of(np.float32), spec_of(np.float64)
     fields = api._broadcast_fields(f32, (4, 2), 1)
     assert fields == (("collective", "broadcast"), ("dtype", "float32"), ("shape", (4, 2)), ("root_rank", 1),
@@ -340,17 +341,27 @@ def test_broadcast_and_reducescatter_fields_are_one_object_per_signature(monkeyp
               api._broadcast_fields(f32, (4, 2), 0)]
     assert all(o != fields for o in others) and len(api._FIELDS) == 4
     scatter = api._reducescatter_fields(f32, (4,), ReduceOp.Sum, 1.0, 2.0)
-    assert dict(scatter) == {"collective": "reducescatter", "dtype": "float32", "shape": (4,), "op": "Sum",
-                             "prescale_factor": 1.0, "postscale_factor": 2.0, "device": "cpu"}
+    assert scatter == (("collective", "reducescatter"), ("dtype", "float32"), ("shape", (4,)), ("op", "Sum"),
+                       ("prescale_factor", 1.0), ("postscale_factor", 2.0), ("device", "cpu"))
     assert api._reducescatter_fields(f32, (4,), ReduceOp.Sum, 1.0, 2.0) is scatter
     assert api._reducescatter_fields(f32, (4,), ReduceOp.Min, 1.0, 2.0) != scatter
     assert api._reducescatter_fields(f32, (4,), ReduceOp.Sum, 1.0, 3.0) != scatter
     assert api._alltoall_parts(np.ones(3, np.float32), None, "x", None)[3] is api._rows_fields(
         "alltoall", np.ones(5, np.float32), f32)
+    x = np.arange(4, dtype=np.float32)
+    assert api._broadcast_parts(x, 0, "b", None, None)[3] is api._broadcast_parts(x.copy(), 0, "b", x, None)[3]
+    assert api._reducescatter_parts(x, ReduceOp.Sum, "r", 1.0, 2.0, None)[3] is scatter
     kept = len(api._FIELDS)
     nan = float("nan")
     assert np.isnan(dict(api._reducescatter_fields(f32, (4,), ReduceOp.Sum, nan, 1.0))["prescale_factor"])
     assert len(api._FIELDS) == kept
+    from fastring._core.compression import Compression
+    from fastring.api import _lean  # the allreduce's fields: the same rule
+    monkeypatch.setattr(_lean, "_FIELDS", {})
+    assert np.isnan(dict(_lean._fields("allreduce", f32, (4,), ReduceOp.Sum, 1.0, nan, Compression.none))[
+        "postscale_factor"]) and _lean._FIELDS == {}
+    assert _lean._fields("allreduce", f32, (4,), ReduceOp.Sum, 1.0, 2.0, Compression.none) is _lean._fields(
+        "allreduce", f32, (4,), ReduceOp.Sum, 1.0, 2.0, Compression.none)
     monkeypatch.setattr(api, "FIELDS_KEPT", kept)
     assert api._broadcast_fields(f32, (5,), 0) is not api._broadcast_fields(f32, (5,), 0)  # full: built each call
 
@@ -397,14 +408,18 @@ def test_an_equal_split_alltoall_derives_its_parts_once(monkeypatch, initialized
     monkeypatch.setattr(api, "_EQUAL_SPLITS", {})
     x = np.arange(6, dtype=np.float32).reshape(3, 2)
     first = api._alltoall_parts(x, None, "a", None)
-    again = api._alltoall_parts(x.copy(), None, "a", None)
-    assert first[3] is again[3] and first[6] is again[6] and first[4] == x.nbytes
     assert first[3] == (("collective", "alltoall"), ("dtype", "float32"), ("trailing_shape", (2,)), ("device", "cpu"))
-    assert first[6][0].tolist() == [[3]]  # the cycle's ride: this rank's rows to each rank
+    assert first[6][0].tolist() == [[3]] and first[4] == x.nbytes  # the ride: this rank's rows to each rank
     assert list(api._EQUAL_SPLITS) == [(x.dtype, (3, 2), 1, 0)]
-    assert first[5](first[0]).tolist() == x.tolist()  # one rank: its own rows back
+    derived = []
+    for helper in ("_rows_array", "_send_rows", "_own_counts"):
+        monkeypatch.setattr(api, helper, lambda *a, _f=getattr(api, helper), _n=helper: derived.append(_n) or _f(*a))
+    again = api._alltoall_parts(x + 1, None, "a", None)
+    assert derived == [] and again[3] is first[3] and again[6] is first[6]  # looked up, nothing derived
+    assert again[5](again[0]).tolist() == (x + 1).tolist()  # this call's tensor (one rank: its own rows)
     api._alltoall_parts(x, [3], "a", None)
     api._alltoall_parts(np.ones(4, np.float64), None, "a", None)
+    assert derived == ["_rows_array", "_send_rows", "_own_counts"] * 2
     with pytest.raises(ValueError):
         api._alltoall_parts(np.float32(1.0), None, "a", None)  # 0-d
     with pytest.raises(TypeError):

@@ -30,8 +30,8 @@ REGISTRY: dict[str, tuple] = {
     "allreduce": (InCycle, DeviceRing, Hierarchical, CompressedRing, SharedMemory, MpiNative, RecursiveDoubling, Ring),
     "broadcast": (SharedMemoryBroadcast, SingleCopyBroadcast, ChainBroadcast, TreeBroadcast),
 }
-# broadcast sizes whose algorithm a runtime remembers (`broadcast_bytes`): the choice cost 3-5 us
-# of a 1 MiB broadcast (BENCHMARKS.md, "Round 2, session 26")
+# (size, single copy on) pairs whose broadcast algorithm a runtime remembers (`broadcast_bytes`):
+# the choice cost a 1 MiB broadcast 3-5 us, layer by layer (BENCHMARKS.md, "Round 2, session 26")
 BROADCAST_CHOICES_KEPT = 1024
 _BY_NAME = {a.name: a for algorithms in REGISTRY.values() for a in algorithms if getattr(a, "selectable", False)}
 SELECTABLE = ("auto", *_BY_NAME)

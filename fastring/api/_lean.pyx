@@ -60,7 +60,8 @@ def _fields(kind, spec, shapes, op, prescale, postscale, compressor):
         fields = (("collective", kind), ("dtype", spec.name), ("shape", shapes), ("op", OP_NAMES[op]),
                   ("prescale_factor", prescale), ("postscale_factor", postscale), ("device", "cpu"),
                   ("compression", compressor.name))
-        if len(_FIELDS) < FIELDS_KEPT:
+        # a NaN factor's key is never found again: not kept
+        if len(_FIELDS) < FIELDS_KEPT and prescale == prescale and postscale == postscale:
             _FIELDS[key] = fields
     return fields
 

@@ -68,10 +68,10 @@ def _rows_array(tensor, kind: str) -> tuple[np.ndarray, DtypeSpec]:
 
 # (kind, what the fields hold) -> the fields of an allgather, alltoall, broadcast or
 # reducescatter, one object per signature: the engine's caches then compare a call's fields
-# at once (api._lean._fields), where a new tuple each call cost a 1 MiB broadcast's lean path
-# 4-9 us (BENCHMARKS.md, "Round 2, session 26")
+# at once (api._lean._fields); with the broadcast's kept choice that took 1-5 us off a 1 MiB
+# broadcast, the old and new code alternating (BENCHMARKS.md, "Round 2, session 26")
 _FIELDS: dict[tuple, tuple] = {}
-FIELDS_KEPT = 4096  # distinct signatures remembered (then built each call)
+FIELDS_KEPT = 4096  # distinct signatures remembered, of all four kinds together (then built each call)
 
 
 def _rows_fields(kind: str, arr: np.ndarray, spec: DtypeSpec) -> tuple:
@@ -94,6 +94,19 @@ def _broadcast_fields(spec: DtypeSpec, shape: tuple, root: int) -> tuple:
         fields = (("collective", "broadcast"), ("dtype", spec.name), ("shape", shape), ("root_rank", root),
                   ("device", "cpu"))
         if len(_FIELDS) < FIELDS_KEPT:
+            _FIELDS[key] = fields
+    return fields
+
+
+def _reducescatter_fields(spec: DtypeSpec, shape: tuple, op: ReduceOp, prescale: float, postscale: float) -> tuple:
+    """What must be equal on every rank for a reducescatter under one name (`_FIELDS`)."""
+    key = ("reducescatter", spec.name, shape, op, prescale, postscale)
+    fields = _FIELDS.get(key)
+    if fields is None:
+        fields = (("collective", "reducescatter"), ("dtype", spec.name), ("shape", shape), ("op", op.name),
+                  ("prescale_factor", prescale), ("postscale_factor", postscale), ("device", "cpu"))
+        # a NaN factor's key is never found again: not kept
+        if len(_FIELDS) < FIELDS_KEPT and prescale == prescale and postscale == postscale:
             _FIELDS[key] = fields
     return fields
 
@@ -330,7 +343,7 @@ def _send_rows(splits, dim0: int, size: int) -> np.ndarray:
 
 
 # (dtype, shape, ranks, rank) -> (fields, send_rows, cycle ride) of an alltoall that splits
-# dimension 0 equally: deriving them cost a 1 MiB call 5-10 us in the benchmark's conditions
+# dimension 0 equally: deriving them cost a 1 MiB call 2-9 us, the old and new code alternating
 # (BENCHMARKS.md, "Round 2, session 26"); splits the caller gives are checked each call
 _EQUAL_SPLITS: dict[tuple, tuple] = {}
 
@@ -415,18 +428,6 @@ def _reducescatter_parts(tensor, op, name, prescale_factor, postscale_factor, pr
         ride = (arr if is_c_contiguous(arr) else np.ascontiguousarray(arr), op)
     return (rt, "reducescatter", name, _reducescatter_fields(spec, arr.shape, op, prescale, postscale), arr.nbytes,
             execute, ride)
-
-
-def _reducescatter_fields(spec: DtypeSpec, shape: tuple, op: ReduceOp, prescale: float, postscale: float) -> tuple:
-    """What must be equal on every rank for a reducescatter under one name (`_FIELDS`)."""
-    key = ("reducescatter", spec.name, shape, op, prescale, postscale)
-    fields = _FIELDS.get(key)
-    if fields is None:
-        fields = (("collective", "reducescatter"), ("dtype", spec.name), ("shape", shape), ("op", op.name),
-                  ("prescale_factor", prescale), ("postscale_factor", postscale), ("device", "cpu"))
-        if len(_FIELDS) < FIELDS_KEPT and prescale == prescale and postscale == postscale:  # no NaN key:
-            _FIELDS[key] = fields  # it would never be found
-    return fields
 
 
 def reducescatter_async(tensor, op: ReduceOp = ReduceOp.Average, *, name: str | None = None,
