@@ -332,28 +332,29 @@ def test_broadcast_and_reducescatter_fields_are_one_object_per_signature(monkeyp
     from fastring.api import collectives as api
     monkeypatch.setattr(api, "_FIELDS", {})
     monkeypatch.setattr(api, "_EQUAL_SPLITS", {})
-    f32, f64 = spec_of(np.float32), spec_of(np.float64)
-    fields = api._broadcast_fields(f32, (4, 2), 1)
+    f32 = spec_of(np.float32)
+    fields = api._kept_fields(("broadcast", "float32", (4, 2), 1))
     assert fields == (("collective", "broadcast"), ("dtype", "float32"), ("shape", (4, 2)), ("root_rank", 1),
                       ("device", "cpu"))
-    assert api._broadcast_fields(f32, (4, 2), 1) is fields
-    others = [api._broadcast_fields(f64, (4, 2), 1), api._broadcast_fields(f32, (8,), 1),
-              api._broadcast_fields(f32, (4, 2), 0)]
+    assert api._kept_fields(("broadcast", "float32", (4, 2), 1)) is fields
+    others = [api._kept_fields(("broadcast", "float64", (4, 2), 1)),
+              api._kept_fields(("broadcast", "float32", (8,), 1)),
+              api._kept_fields(("broadcast", "float32", (4, 2), 0))]
     assert all(o != fields for o in others) and len(api._FIELDS) == 4
-    scatter = api._reducescatter_fields(f32, (4,), ReduceOp.Sum, 1.0, 2.0)
+    scatter = api._kept_fields(("reducescatter", "float32", (4,), "Sum", 1.0, 2.0))
     assert scatter == (("collective", "reducescatter"), ("dtype", "float32"), ("shape", (4,)), ("op", "Sum"),
                        ("prescale_factor", 1.0), ("postscale_factor", 2.0), ("device", "cpu"))
-    assert api._reducescatter_fields(f32, (4,), ReduceOp.Sum, 1.0, 2.0) is scatter
-    assert api._reducescatter_fields(f32, (4,), ReduceOp.Min, 1.0, 2.0) != scatter
-    assert api._reducescatter_fields(f32, (4,), ReduceOp.Sum, 1.0, 3.0) != scatter
-    assert api._alltoall_parts(np.ones(3, np.float32), None, "x", None)[3] is api._rows_fields(
-        "alltoall", np.ones(5, np.float32), f32)
+    assert api._kept_fields(("reducescatter", "float32", (4,), "Sum", 1.0, 2.0)) is scatter
+    assert api._kept_fields(("reducescatter", "float32", (4,), "Min", 1.0, 2.0)) != scatter
+    assert api._kept_fields(("reducescatter", "float32", (4,), "Sum", 1.0, 3.0)) != scatter
+    assert api._alltoall_parts(np.ones(3, np.float32), None, "x", None)[3] is api._kept_fields(
+        ("alltoall", "float32", ()))
     x = np.arange(4, dtype=np.float32)
     assert api._broadcast_parts(x, 0, "b", None, None)[3] is api._broadcast_parts(x.copy(), 0, "b", x, None)[3]
     assert api._reducescatter_parts(x, ReduceOp.Sum, "r", 1.0, 2.0, None)[3] is scatter
     kept = len(api._FIELDS)
     nan = float("nan")
-    assert np.isnan(dict(api._reducescatter_fields(f32, (4,), ReduceOp.Sum, nan, 1.0))["prescale_factor"])
+    assert np.isnan(dict(api._kept_fields(("reducescatter", "float32", (4,), "Sum", nan, 1.0)))["prescale_factor"])
     assert len(api._FIELDS) == kept
     from fastring._core.compression import Compression
     from fastring.api import _lean  # the allreduce's fields: the same rule
@@ -363,7 +364,8 @@ def test_broadcast_and_reducescatter_fields_are_one_object_per_signature(monkeyp
     assert _lean._fields("allreduce", f32, (4,), ReduceOp.Sum, 1.0, 2.0, Compression.none) is _lean._fields(
         "allreduce", f32, (4,), ReduceOp.Sum, 1.0, 2.0, Compression.none)
     monkeypatch.setattr(api, "FIELDS_KEPT", kept)
-    assert api._broadcast_fields(f32, (5,), 0) is not api._broadcast_fields(f32, (5,), 0)  # full: built each call
+    full = ("broadcast", "float32", (5,), 0)
+    assert api._kept_fields(full) is not api._kept_fields(full)  # full: built each call
 
 
 def test_a_broadcast_chooses_its_algorithm_once_per_size_and_single_copy(monkeypatch):

@@ -23,7 +23,7 @@ from .._core import pool as _pool
 from .._core.config import CYCLE_COLLECTIVE_MAX_BYTES
 from .._core.dtypes import DtypeSpec, spec_of
 from .._core.errors import FastringError
-from .._core.ops import ReduceOp, as_reduce_op
+from .._core.ops import OP_NAMES, ReduceOp, as_reduce_op
 from .._core.runtime import Runtime
 from .._core.tensor import as_array, like
 from .._core.work import work_of
@@ -66,47 +66,27 @@ def _rows_array(tensor, kind: str) -> tuple[np.ndarray, DtypeSpec]:
     return arr, spec
 
 
-# (kind, what the fields hold) -> the fields of an allgather, alltoall, broadcast or
+# (kind, the values of its fields) -> the fields of an allgather, alltoall, broadcast or
 # reducescatter, one object per signature: the engine's caches then compare a call's fields
 # at once (api._lean._fields); with the broadcast's kept choice that took 1-5 us off a 1 MiB
 # broadcast, the old and new code alternating (BENCHMARKS.md, "Round 2, session 26")
 _FIELDS: dict[tuple, tuple] = {}
 FIELDS_KEPT = 4096  # distinct signatures remembered, of all four kinds together (then built each call)
+# what must be equal on every rank for each kind under one name, between its kind and its device
+_FIELD_NAMES = {"allgather": ("dtype", "trailing_shape"), "alltoall": ("dtype", "trailing_shape"),
+                "broadcast": ("dtype", "shape", "root_rank"),
+                "reducescatter": ("dtype", "shape", "op", "prescale_factor", "postscale_factor")}
 
 
-def _rows_fields(kind: str, arr: np.ndarray, spec: DtypeSpec) -> tuple:
-    """What must be equal on every rank for an allgather or alltoall of `arr` under one name:
-    the dtype and the dimensions after the first."""
-    key = (kind, spec.name, arr.shape[1:])
+def _kept_fields(key: tuple) -> tuple:
+    """The fields of a collective given as `key`, (kind, the values its _FIELD_NAMES hold), one
+    object per signature (`_FIELDS`)."""
     fields = _FIELDS.get(key)
     if fields is None:
-        fields = (("collective", kind), ("dtype", spec.name), ("trailing_shape", arr.shape[1:]), ("device", "cpu"))
-        if len(_FIELDS) < FIELDS_KEPT:
-            _FIELDS[key] = fields
-    return fields
-
-
-def _broadcast_fields(spec: DtypeSpec, shape: tuple, root: int) -> tuple:
-    """What must be equal on every rank for a broadcast under one name: dtype, shape, root."""
-    key = ("broadcast", spec.name, shape, root)
-    fields = _FIELDS.get(key)
-    if fields is None:
-        fields = (("collective", "broadcast"), ("dtype", spec.name), ("shape", shape), ("root_rank", root),
-                  ("device", "cpu"))
-        if len(_FIELDS) < FIELDS_KEPT:
-            _FIELDS[key] = fields
-    return fields
-
-
-def _reducescatter_fields(spec: DtypeSpec, shape: tuple, op: ReduceOp, prescale: float, postscale: float) -> tuple:
-    """What must be equal on every rank for a reducescatter under one name (`_FIELDS`)."""
-    key = ("reducescatter", spec.name, shape, op, prescale, postscale)
-    fields = _FIELDS.get(key)
-    if fields is None:
-        fields = (("collective", "reducescatter"), ("dtype", spec.name), ("shape", shape), ("op", op.name),
-                  ("prescale_factor", prescale), ("postscale_factor", postscale), ("device", "cpu"))
-        # a NaN factor's key is never found again: not kept
-        if len(_FIELDS) < FIELDS_KEPT and prescale == prescale and postscale == postscale:
+        kind, values = key[0], key[1:]
+        fields = (("collective", kind), *zip(_FIELD_NAMES[kind], values), ("device", "cpu"))
+        # a NaN value's key (a scale factor's) is never found again: not kept
+        if len(_FIELDS) < FIELDS_KEPT and all(v == v for v in values):
             _FIELDS[key] = fields
     return fields
 
@@ -184,7 +164,7 @@ def _allgather_parts(tensor, name, process_set) -> tuple:
         out = allgather_concat(rt, arr)[1] if reduced is None else allgather_reduced(rt, arr, reduced)
         return like(tensor, out)
     ride = (gather_payload(rt, arr.shape[0], arr), ReduceOp.Sum) if rt.size > 1 and gather_fits(rt.size) else None
-    return (rt, "allgather", name, _rows_fields("allgather", arr, spec), arr.nbytes, execute, ride)
+    return (rt, "allgather", name, _kept_fields(("allgather", spec.name, arr.shape[1:])), arr.nbytes, execute, ride)
 
 
 def allgather_async(tensor, *, name: str | None = None, process_set=None) -> Handle:
@@ -248,7 +228,7 @@ def _broadcast_parts(tensor, root_rank, name, out, process_set) -> tuple:
         src = e.src if rt.rank == root else _zeros(arr.nbytes)
         ride = (src if is_c_contiguous(src) else np.ascontiguousarray(src), ReduceOp.Sum, e.work,
                 _WORDS if arr.nbytes % 8 == 0 else _BYTES)
-    return rt, "broadcast", name, _broadcast_fields(spec, arr.shape, root), arr.nbytes, execute, ride
+    return rt, "broadcast", name, _kept_fields(("broadcast", spec.name, arr.shape, root)), arr.nbytes, execute, ride
 
 
 def _in_cycle(rt: Runtime, nbytes: int) -> bool:
@@ -358,7 +338,7 @@ def _alltoall_parts(tensor, splits, name, process_set) -> tuple:
     if plan is None:
         arr, spec = _rows_array(arr, "alltoall")
         send_rows = _send_rows(splits, arr.shape[0], rt.size)
-        plan = (_rows_fields("alltoall", arr, spec), send_rows, _own_counts(rt, send_rows))
+        plan = (_kept_fields(("alltoall", spec.name, arr.shape[1:])), send_rows, _own_counts(rt, send_rows))
         if key is not None and len(_EQUAL_SPLITS) < FIELDS_KEPT:
             _EQUAL_SPLITS[key] = plan
     fields, send_rows, ride = plan
@@ -426,8 +406,8 @@ def _reducescatter_parts(tensor, op, name, prescale_factor, postscale_factor, pr
     ride = None
     if _in_cycle(rt, arr.nbytes) and rides_cycle(work, rt.size):
         ride = (arr if is_c_contiguous(arr) else np.ascontiguousarray(arr), op)
-    return (rt, "reducescatter", name, _reducescatter_fields(spec, arr.shape, op, prescale, postscale), arr.nbytes,
-            execute, ride)
+    fields = _kept_fields(("reducescatter", spec.name, arr.shape, OP_NAMES[op], prescale, postscale))
+    return rt, "reducescatter", name, fields, arr.nbytes, execute, ride
 
 
 def reducescatter_async(tensor, op: ReduceOp = ReduceOp.Average, *, name: str | None = None,
