@@ -180,6 +180,40 @@ def test_duplicate_name_in_flight_single_rank():
     assert handles[0].wait().tolist() == [1.0, 1.0]
 
 
+def test_a_lone_call_whose_cycle_fails_leaves_a_name_another_thread_queued(monkeypatch):
+    """A synchronous call's lone cycle that the other ranks did not agree on queues its
+    request (`Engine._lone_failed`); where another thread submitted the same name meanwhile,
+    that thread's request keeps the name and completes, and the call raises the duplicate's
+    error instead of replacing it."""
+    from fastring._core.runtime import runtime
+    from fastring._transport import SPECULATION_FAILED
+
+    fastring.init()
+    engine = runtime().engine
+    others, queued = [], []
+
+    def disagreed(name, fields, h, payload, result, reducer):  # another rank proposed something else
+        others.append(fastring.allreduce_async(np.arange(2.0), op=fastring.Sum, name=name))  # "another thread"
+        return (0, SPECULATION_FAILED, 0, 0), engine._neg.words, h
+
+    lone_failed = engine._lone_failed
+
+    def recorded(*args):
+        try:
+            return lone_failed(*args)
+        finally:
+            queued.append(engine._pending.get("lone.raced"))  # before any later cycle runs
+
+    monkeypatch.setattr(engine, "_lone_payload", disagreed)
+    monkeypatch.setattr(engine, "_lone_failed", recorded)
+    with pytest.raises(ValueError, match="named 'lone.raced' is already in flight"):
+        fastring.allreduce(np.ones(2), op=fastring.Sum, name="lone.raced")
+    monkeypatch.undo()
+    (other,) = others
+    assert len(queued) == 1 and queued[0] is not None and queued[0].handle is other
+    assert other.wait().tolist() == [0.0, 1.0]
+
+
 def test_timeline_api_validates_path():
     fastring.init()
     with pytest.raises(ValueError, match="path"):

@@ -148,8 +148,7 @@ class Engine:
         # one step under the GIL, which two threads cannot both take for one name: a lock here
         # cost a fifth of a µs a request
         if self._pending.setdefault(name, request) is not request:
-            raise ValueError(f"a collective named '{name}' is already in flight; "
-                             "wait for it before submitting the name again")
+            raise already_in_flight(name)
         if self.timeline.recording:
             self.timeline.begin(name, "queued")
         # Wake the background thread only if it waits in Python, idle for long (the gate finds
@@ -399,16 +398,21 @@ class Engine:
     def _lone_failed(self, req: Request, outcome: tuple, words: int, h: int | None = None) -> Request:
         """Another rank proposed something else: queue `req` (its hash `h`, where given: it
         proposed that) unless the cycle ran it, act on the outcome like any cycle's, and
-        return `req`."""
+        return `req`. Where another thread submitted the name meanwhile, its request keeps it
+        and `req` fails as `submit` would fail it, unless the cycle ran it."""
         if h is not None:
             req.signature_hash = h
+        held = req
         if outcome[1] != req.signature_hash:
             req.submitted = time.monotonic()
             req.next_report = req.submitted + stall_interval(self.config, 0.0)
             self._gate.submitted(req.submitted)
             with self._queue_lock:
-                self._pending[req.name] = req
+                held = self._pending.setdefault(req.name, req)
+        # the other ranks act on this outcome whatever this rank's queue holds, so this rank must too
         self._after_exchange(outcome, words, [req], {}, req)
+        if held is not req and not req.handle._done:
+            req.handle._finish(error=already_in_flight(req.name))  # raised by _wait_queued's wait
         return req
 
     def _wait_queued(self, req: Request):
@@ -777,6 +781,17 @@ class Engine:
         else:  # barrier: _refused_while_joined let nothing else through
             execute = arrived
         return Request(kind, name, fields, 0, Handle(self, name), execute=execute)
+
+
+def already_in_flight(name: str) -> ValueError:
+    """The error of a request submitted under a name another request holds in flight.
+
+    Example:
+        >>> str(already_in_flight("x"))
+        "a collective named 'x' is already in flight; wait for it before submitting the name again"
+    """
+    return ValueError(f"a collective named '{name}' is already in flight; "
+                      "wait for it before submitting the name again")
 
 
 def described(error: BaseException) -> str:
