@@ -158,6 +158,23 @@ def test_reducescatter_on_one_rank(initialized):
     assert fastring.reducescatter(np.zeros((0, 4), np.float16)).shape == (0, 4)
 
 
+def test_one_rank_results_are_scaled_copies(initialized):
+    """On one rank allgather, alltoall and reducescatter copy the rows themselves (no offsets
+    or transport): a new buffer, the input left alone, the scale factors both applied."""
+    x = np.arange(10, dtype=np.int64).reshape(5, 2)
+    gathered = fastring.allgather(x)
+    out, received = fastring.alltoall(x, splits=[3])
+    assert np.array_equal(gathered, x) and np.array_equal(out, x[:3]) and received.tolist() == [3]
+    assert not np.shares_memory(gathered, x) and not np.shares_memory(out, x)
+    y = np.arange(6, dtype=np.float64).reshape(3, 2)
+    scaled = fastring.reducescatter(y, op=fastring.Sum, prescale_factor=3.0, postscale_factor=0.5)
+    assert np.array_equal(scaled, y * 1.5) and np.array_equal(y, np.arange(6.0).reshape(3, 2))
+    tenths = np.full(4, 0.1, np.float32)
+    assert np.array_equal(fastring.reducescatter(tenths, op=fastring.Average), tenths)
+    assert np.array_equal(fastring.reducescatter(tenths, op=fastring.Average, prescale_factor=3.0),
+                          tenths * np.float32(3.0))
+
+
 def test_broadcast_out_errors(initialized):
     x = np.ones(4, np.float32)
     with pytest.raises(ValueError, match="shape"):

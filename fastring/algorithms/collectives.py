@@ -110,6 +110,15 @@ def allgather_rows(rt, src: np.ndarray, counts: np.ndarray, out: np.ndarray) -> 
         rt.transport.ring_allgather(array_address(out), offsets, own=own)
 
 
+def _own_copy(rows: np.ndarray) -> np.ndarray:
+    """An allgather's, alltoall's or reducescatter's result on one rank: its own rows, in a
+    pooled buffer. The general paths' offsets and transport calls cost a 64-byte call 8-9 us
+    there, against MPI's whole call's 1-1.6 (BENCHMARKS.md, "Round 2, session 27")."""
+    out = _pool.empty(rows.shape, rows.dtype)
+    np.copyto(out, rows)
+    return out
+
+
 def total_of(counts: np.ndarray) -> int:
     """The sum of an int64 array of row counts, as an int: through a list for the lean calls'
     few counts, where numpy's reduction costs about a microsecond however small the array.
@@ -164,6 +173,8 @@ def allgather_concat(rt, arr: np.ndarray, counts: np.ndarray | None = None) -> t
     (the lean path's negotiation cycle carried them); otherwise, where the segment takes
     allgathers at every size, they travel in the data round's barrier
     (`SharedSegment.allgather_rows`), and elsewhere they are gathered first."""
+    if rt.size == 1:
+        return np.array([arr.shape[0]], np.int64), _own_copy(arr)
     unit = row_bytes(arr)
     nbytes = None if counts is None else total_of(counts) * unit
     if _by_rows(rt, nbytes):
@@ -301,6 +312,8 @@ def alltoall_rows(rt, arr: np.ndarray, send_rows: np.ndarray,
     rank order, and how many came from each rank). `matrix`: every rank's send_rows (row r:
     rank r's), where every rank already knows them (the lean path's negotiation cycle
     carried them)."""
+    if rt.size == 1:
+        return _own_copy(arr[:int(send_rows[0])]), np.array(send_rows, np.int64)
     unit_bytes = row_bytes(arr)
     nbytes = None if matrix is None else total_of(matrix) * unit_bytes
     if _by_rows(rt, nbytes):
@@ -372,6 +385,19 @@ def reduce_scatter_rows(rt, arr: np.ndarray, work: AllreduceWork, counts: np.nda
     if work.splits_average:
         return _exact_average_rows(rt, arr, work, counts)
     plan = _scatter_plan(rt, arr, work, counts)
+    if rt.size == 1:
+        out = _own_copy(arr[:plan.out_shape[0]])
+        if plan.need_copy:
+            prescale(work, out.reshape(-1), 1)
+    else:
+        out = _reduce_scatter_exchange(rt, arr, work, plan)
+    if plan.finalize is not None:
+        plan.finalize(out.reshape(-1))
+    return out
+
+
+def _reduce_scatter_exchange(rt, arr: np.ndarray, work: AllreduceWork, plan: _ScatterPlan) -> np.ndarray:
+    """`reduce_scatter_rows`' result over more than one rank, before its finish."""
     offsets, itemsize = plan.offsets, work.spec.dtype.itemsize
     total = int(offsets[-1])
     by_segment = rt.shm is not None and total <= SHM_REDUCESCATTER_MAX_BYTES
@@ -405,8 +431,6 @@ def reduce_scatter_rows(rt, arr: np.ndarray, work: AllreduceWork, counts: np.nda
     elif total:
         ring_reduce_scatter_into(rt.transport, at, offsets, array_address(out),
                                  array_address(scratch), ring_segment(rt, itemsize), reduce_fn, itemsize)
-    if plan.finalize is not None:
-        plan.finalize(out.reshape(-1))
     return out
 
 
