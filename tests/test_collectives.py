@@ -175,6 +175,42 @@ def test_one_rank_results_are_scaled_copies(initialized):
                           tenths * np.float32(3.0))
 
 
+def test_lean_broadcast_takes_numpy_in_place_calls_alone(initialized, monkeypatch):
+    """An in place numpy broadcast too large to ride its cycle builds no parts
+    (`_lean_broadcast`) and takes one automatic name; every other call goes the general way,
+    which raises on a bad argument as before."""
+    collectives = fastring.api.collectives
+    engine = fastring._core.runtime.runtime().engine
+    general = []
+    real = collectives._broadcast_parts
+    monkeypatch.setattr(collectives, "_broadcast_parts", lambda *a: general.append(a[1:3]) or real(*a))
+    x = np.arange(8192, dtype=np.float32)
+    number = int(engine.auto_name("broadcast").rpartition(".")[2])
+    assert fastring.broadcast(x, 0, out=x) is x and fastring.broadcast(x, 0, name="w", out=x) is x
+    assert fastring.broadcast(x, 0, out=x, process_set=fastring.global_process_set) is x
+    assert int(engine.auto_name("broadcast").rpartition(".")[2]) == number + 3  # two calls' names, and this one
+    assert general == [] and np.array_equal(x, np.arange(8192, dtype=np.float32))
+    assert fastring.broadcast(x, np.int64(0), out=x, name="a") is x
+    assert np.array_equal(fastring.broadcast(x, 0, name="b"), x)  # a new tensor: not in place
+    small = np.ones(4, np.float32)  # one rank: no cycle to ride, so lean as well
+    assert fastring.broadcast(small, 0, out=small, name="c") is small
+    assert general == [(0, "a"), (0, "b")]
+    ro = np.zeros(8192, np.float32)
+    ro.flags.writeable = False
+    for args, error, words in [((x, 1), ValueError, "root_rank"), ((x, True), TypeError, "root_rank"),
+                               ((ro, 0), ValueError, "read-only"), ((x[::2], 0), None, ""),
+                               ((np.full(8192, "a"), 0), TypeError, "dtype")]:
+        general.clear()
+        if error is None:  # a strided tensor: through a contiguous copy
+            assert fastring.broadcast(*args, out=args[0]) is args[0]
+        else:
+            with pytest.raises(error, match=words):
+                fastring.broadcast(*args, out=args[0])
+        assert len(general) == 1, args
+    with pytest.raises(TypeError, match="name"):
+        fastring.broadcast(x, 0, name=5, out=x)
+
+
 def test_broadcast_out_errors(initialized):
     x = np.ones(4, np.float32)
     with pytest.raises(ValueError, match="shape"):

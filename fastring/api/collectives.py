@@ -21,13 +21,13 @@ import numpy as np
 
 from .._core import pool as _pool
 from .._core.config import CYCLE_COLLECTIVE_MAX_BYTES
-from .._core.dtypes import DtypeSpec, spec_of
+from .._core.dtypes import SUPPORTED, DtypeSpec, spec_of
 from .._core.errors import FastringError
 from .._core.ops import OP_NAMES, ReduceOp, as_reduce_op
-from .._core.runtime import Runtime
+from .._core.runtime import Runtime, runtime
 from .._core.tensor import as_array, like
 from .._core.work import work_of
-from .._transport import is_c_contiguous
+from .._transport import is_c_contiguous, is_writable_c_contiguous
 from ..algorithms import InCycle, broadcast_bytes, chunk_offsets
 from ..algorithms.adasum import ADASUM_DTYPES, adasum_allreduce as _adasum
 from ..algorithms.collectives import (allgather_concat, allgather_reduced, allgather_rows, alltoall_rows, byte_offsets,
@@ -35,7 +35,7 @@ from ..algorithms.collectives import (allgather_concat, allgather_reduced, allga
                                       reduce_scatter_rows, rides_cycle, row_bytes)
 from ..engine import Handle, Request
 from ..engine.engine import arrived
-from .process_sets import runtime_of, set_rank
+from .process_sets import global_process_set, runtime_of, set_rank
 from .validation import check_op_for_dtype, entry, factor, request_name
 
 try:
@@ -280,7 +280,33 @@ def broadcast(tensor, root_rank: int, *, name: str | None = None, out=None, proc
         >>> fastring.broadcast(w, root_rank=0, out=w)   # every rank now holds rank 0's w
         array([0., 0., 0.])
     """
+    if out is tensor and (process_set is None or process_set is global_process_set) and (
+            _lean_broadcast(tensor, root_rank, name)):
+        return tensor
     return _run(*_broadcast_parts(tensor, root_rank, name, out, process_set))
+
+
+def _lean_broadcast(arr, root_rank, name) -> bool:
+    """`broadcast(arr, root_rank, name=name, out=arr)` of a numpy array too large to ride its
+    cycle, by the engine's lean path with nothing built but its fields (one object per
+    signature): the general parts, their Entry and closures and the execute's checks cost a
+    1 MiB call up to 5 us, the old and new code alternating in one launch (BENCHMARKS.md,
+    "Round 2, session 27"). False where the general path must take the call (anything else,
+    or the engine busy): nothing has happened then, not even an automatic name taken."""
+    if type(arr) is not np.ndarray or type(root_rank) is not int or not (name is None or type(name) is str):
+        return False
+    rt = runtime()
+    spec = SUPPORTED.get(arr.dtype)
+    if spec is None or not 0 <= root_rank < rt.size or _in_cycle(rt, arr.nbytes) or not is_writable_c_contiguous(arr):
+        return False
+    fields = _kept_fields(("broadcast", spec.name, arr.shape, root_rank))
+
+    def run(assigned: str, reduced: None) -> None:
+        broadcast_bytes(rt, arr, root_rank)
+
+    def request(assigned: str) -> Request:
+        return _request_of(*_broadcast_parts(arr, root_rank, assigned, arr, None))
+    return rt.engine.lone_run("broadcast", name, fields, run, request) is not None
 
 
 # ----------------------------------------------------------------- alltoall

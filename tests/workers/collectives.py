@@ -392,6 +392,25 @@ try:
         if (moved != [] if rides else moved.count(8) != 1 or moved.count(16) != 1 or len(moved) != 3 + queued
                 or moved.count(24) != queued):
             c.fail(f"broadcasts of broadcast_object(None) and a barrier ({how}): {moved}")
+    # an in place numpy broadcast too large to ride its cycle takes a lean path of its own
+    # (api.collectives._lean_broadcast): its bytes move once, lean or, where rank 0 has a
+    # broadcast queued, as a request after the others' lean cycles fail
+    for how in ("lean", "queued"):
+        moved.clear()
+        early = (fastring.broadcast_async(np.full(3, R), 0, name=f"queued before big {how}")
+                 if how == "queued" and R == 0 else None)
+        mine = np.arange(8192, dtype=np.int32) * (R + 1)  # 32 KiB
+        if fastring.broadcast(mine, N - 1, name=f"big in place {how}", out=mine) is not mine:
+            c.fail(f"large broadcast in place ({how}) returned another object")
+        exact(f"large broadcast in place ({how})", mine, np.arange(8192, dtype=np.int32) * N, np.dtype(np.int32),
+              fw=False)
+        later = None if how == "lean" else (
+            early or fastring.broadcast_async(np.full(3, R), 0, name=f"queued before big {how}"))
+        if later is not None:
+            exact(f"broadcast queued before a large one ({how})", later.wait(), np.zeros(3, np.int64),
+                  np.dtype(np.int64), fw=False)
+        if moved.count(mine.nbytes) != 1 or len(moved) != 1 + (how == "queued"):
+            c.fail(f"large broadcast in place ({how}): {moved}")
 finally:
     api_collectives.broadcast_bytes = real_broadcast_bytes
 
@@ -442,6 +461,11 @@ if framework == "numpy" and N > 1:
                                                            out=t if R else None), "dtype")
     exact("broadcast mismatch leaves tensor", t, np.arange(4, dtype=f32) + R, np.dtype(f32))
     exact("broadcast mismatch leaves out", out, np.full(4, -1, f32), np.dtype(f32))
+    large = np.arange(8192, dtype=f32) + R  # in place, too large to ride the cycle: _lean_broadcast
+    mismatch("large broadcast root", lambda: fastring.broadcast(large, R % 2, name="m4 large", out=large), "root_rank")
+    mismatch("large broadcast dtype", lambda: fastring.broadcast(large if R else large.view(np.int32), 0,
+                                                                 name="m6 large", out=large if R else None), "dtype")
+    exact("large broadcast mismatch leaves tensor", large, np.arange(8192, dtype=f32) + R, np.dtype(f32))
     mismatch("alltoall dtype", lambda: fastring.alltoall(np.zeros(N, np.int32 if R else np.int64), name="m7"),
              "dtype")
     mismatch("alltoall trailing", lambda: fastring.alltoall(np.zeros((N, 1 + R), f32), name="m8"),
