@@ -211,6 +211,34 @@ def test_lean_broadcast_takes_numpy_in_place_calls_alone(initialized, monkeypatc
         fastring.broadcast(x, 0, name=5, out=x)
 
 
+def test_lean_reducescatter_takes_plain_numpy_calls_alone(initialized, monkeypatch):
+    """A numpy reducescatter without scale factors builds no parts (`_lean_reducescatter`), its
+    checks kept per (dtype, shape, op); a scale factor, a framework tensor or a refused argument
+    goes the general way, which raises as before."""
+    collectives = fastring.api.collectives
+    general = []
+    real = collectives._reducescatter_parts
+    monkeypatch.setattr(collectives, "_reducescatter_parts", lambda *a: general.append(a[1:5]) or real(*a))
+    x = np.arange(12, dtype=np.int32).reshape(6, 2)
+    assert np.array_equal(fastring.reducescatter(x, op=fastring.Sum), x)
+    assert np.array_equal(fastring.reducescatter(x, op=fastring.Min, name="m", process_set=fastring.global_process_set), x)
+    assert general == [] and np.array_equal(x, np.arange(12, dtype=np.int32).reshape(6, 2))
+    assert (x.dtype, x.shape, fastring.Sum) in collectives._LEAN_SCATTERS
+    assert np.array_equal(fastring.reducescatter(x, op=fastring.Sum, postscale_factor=2.0), 2 * x)
+    assert np.array_equal(fastring.reducescatter(x, op=fastring.Sum, prescale_factor=1), x)  # an int factor
+    assert np.array_equal(fastring.reducescatter(bytearray(b"ab"), op=fastring.Max), [97, 98])
+    assert [g[0] for g in general] == [fastring.Sum, fastring.Sum, fastring.Max]
+    for args, error, words in [((np.ones(2, bool), fastring.Average), TypeError, "bool"),
+                               ((np.ones(2), "sum"), ValueError, "op must be"),
+                               ((np.array(1.0, np.float32), fastring.Sum), ValueError, "0-d"),
+                               ((np.full(2, "a"), fastring.Sum), TypeError, "dtype")]:
+        general.clear()
+        with pytest.raises(error, match=words):
+            fastring.reducescatter(args[0], op=args[1])
+        assert len(general) == 1, args
+    assert (np.dtype(bool), (2,), fastring.Average) not in collectives._LEAN_SCATTERS
+
+
 def test_broadcast_out_errors(initialized):
     x = np.ones(4, np.float32)
     with pytest.raises(ValueError, match="shape"):

@@ -411,6 +411,20 @@ try:
                   np.dtype(np.int64), fw=False)
         if moved.count(mine.nbytes) != 1 or len(moved) != 1 + (how == "queued"):
             c.fail(f"large broadcast in place ({how}): {moved}")
+        # and a reducescatter without scale factors, too large to ride (_lean_reducescatter)
+        early = (fastring.broadcast_async(np.full(3, R), 0, name=f"queued before rs {how}")
+                 if how == "queued" and R == 0 else None)
+        rows = np.arange(8192 * N, dtype=np.int64).reshape(N, 8192) * (R + 1)  # 64 KiB a rank
+        exact(f"large reducescatter ({how})", fastring.reducescatter(rows, op=fastring.Sum, name=f"big rs {how}"),
+              np.arange(8192 * R, 8192 * (R + 1), dtype=np.int64).reshape(1, 8192) * (N * (N + 1) // 2),
+              np.dtype(np.int64), fw=False)
+        exact(f"large reducescatter input untouched ({how})", rows,
+              np.arange(8192 * N, dtype=np.int64).reshape(N, 8192) * (R + 1), np.dtype(np.int64), fw=False)
+        later = None if how == "lean" else (
+            early or fastring.broadcast_async(np.full(3, R), 0, name=f"queued before rs {how}"))
+        if later is not None:
+            exact(f"broadcast queued before a large reducescatter ({how})", later.wait(), np.zeros(3, np.int64),
+                  np.dtype(np.int64), fw=False)
 finally:
     api_collectives.broadcast_bytes = real_broadcast_bytes
 
@@ -466,6 +480,11 @@ if framework == "numpy" and N > 1:
     mismatch("large broadcast dtype", lambda: fastring.broadcast(large if R else large.view(np.int32), 0,
                                                                  name="m6 large", out=large if R else None), "dtype")
     exact("large broadcast mismatch leaves tensor", large, np.arange(8192, dtype=f32) + R, np.dtype(f32))
+    mismatch("large reducescatter op", lambda: fastring.reducescatter(
+        large, op=fastring.Sum if R else fastring.Max, name="m10 large"), "op")
+    mismatch("large reducescatter shape", lambda: fastring.reducescatter(large[:8192 - R], op=fastring.Sum,
+                                                                         name="m9 large"), "shape")
+    exact("large reducescatter mismatch leaves tensor", large, np.arange(8192, dtype=f32) + R, np.dtype(f32))
     mismatch("alltoall dtype", lambda: fastring.alltoall(np.zeros(N, np.int32 if R else np.int64), name="m7"),
              "dtype")
     mismatch("alltoall trailing", lambda: fastring.alltoall(np.zeros((N, 1 + R), f32), name="m8"),
