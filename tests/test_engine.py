@@ -180,13 +180,16 @@ def test_duplicate_name_in_flight_single_rank():
     assert handles[0].wait().tolist() == [1.0, 1.0]
 
 
-def test_a_lone_call_whose_cycle_fails_leaves_a_name_another_thread_queued(monkeypatch):
+@pytest.mark.parametrize("negotiated", [False, True])
+def test_a_lone_call_whose_cycle_fails_leaves_a_name_another_thread_queued(monkeypatch, negotiated):
     """A synchronous call's lone cycle that the other ranks did not agree on queues its
     request (`Engine._lone_failed`); where another thread submitted the same name meanwhile,
     that thread's request keeps the name and completes, and the call raises the duplicate's
-    error instead of replacing it."""
+    error instead of replacing it, or, where the cycle's full negotiation found the call's
+    fields differ from the other ranks', that mismatch (the other request is not failed)."""
     from fastring._core.runtime import runtime
     from fastring._transport import SPECULATION_FAILED
+    from fastring.engine.negotiation import HAS_UNCACHED
 
     fastring.init()
     engine = runtime().engine
@@ -194,7 +197,7 @@ def test_a_lone_call_whose_cycle_fails_leaves_a_name_another_thread_queued(monke
 
     def disagreed(name, fields, h, payload, result, reducer):  # another rank proposed something else
         others.append(fastring.allreduce_async(np.arange(2.0), op=fastring.Sum, name=name))  # "another thread"
-        return (0, SPECULATION_FAILED, 0, 0), engine._neg.words, h
+        return (HAS_UNCACHED if negotiated else 0, SPECULATION_FAILED, 0, 0), engine._neg.words, h
 
     lone_failed = engine._lone_failed
 
@@ -206,7 +209,10 @@ def test_a_lone_call_whose_cycle_fails_leaves_a_name_another_thread_queued(monke
 
     monkeypatch.setattr(engine, "_lone_payload", disagreed)
     monkeypatch.setattr(engine, "_lone_failed", recorded)
-    with pytest.raises(ValueError, match="named 'lone.raced' is already in flight"):
+    monkeypatch.setattr(engine, "_full_negotiation", lambda pending, speculated, report: (
+        [], [(r.name, f"mismatch for tensor '{r.name}': shape differs") for r in pending], 0))
+    error, words = (fastring.FastringError, "shape differs") if negotiated else (ValueError, "already in flight")
+    with pytest.raises(error, match=words):
         fastring.allreduce(np.ones(2), op=fastring.Sum, name="lone.raced")
     monkeypatch.undo()
     (other,) = others

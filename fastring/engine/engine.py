@@ -640,10 +640,16 @@ class Engine:
             ready, errors = [], []
         ready = agreed + ready
         self._keep_cycling = self._gate.keep_cycling = leftover or spec_hash == SPECULATION_FAILED
-        for name, message in errors:
-            local = self._pending.get(name)
-            if local is not None:
-                self._complete(local, error=FastringError(message))
+        if errors:
+            # the request this cycle proposed under the name: a lone call's is not queued where
+            # another thread's request holds the name (`_lone_failed`)
+            proposed = {r.name: r for r in pending}
+            for name, message in errors:
+                local = proposed.get(name)
+                if local is None:
+                    local = self._pending.get(name)
+                if local is not None:
+                    self._complete(local, error=FastringError(message))
         if ready:
             self._executor.execute(ready)
 
