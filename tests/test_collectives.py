@@ -190,6 +190,9 @@ def test_lean_broadcast_takes_numpy_in_place_calls_alone(initialized, monkeypatc
     assert fastring.broadcast(x, 0, out=x, process_set=fastring.global_process_set) is x
     assert int(engine.auto_name("broadcast").rpartition(".")[2]) == number + 3  # two calls' names, and this one
     assert general == [] and np.array_equal(x, np.arange(8192, dtype=np.float32))
+    assert fastring.broadcast(x, np.int64(0), out=x) is x  # declined: the general path takes the one name
+    assert int(engine.auto_name("broadcast").rpartition(".")[2]) == number + 5 and general == [(0, None)]
+    general.clear()
     assert fastring.broadcast(x, np.int64(0), out=x, name="a") is x
     assert np.array_equal(fastring.broadcast(x, 0, name="b"), x)  # a new tensor: not in place
     small = np.ones(4, np.float32)  # one rank: no cycle to ride, so lean as well
@@ -219,6 +222,7 @@ def test_lean_reducescatter_takes_plain_numpy_calls_alone(initialized, monkeypat
     general = []
     real = collectives._reducescatter_parts
     monkeypatch.setattr(collectives, "_reducescatter_parts", lambda *a: general.append(a[1:5]) or real(*a))
+    monkeypatch.setattr(collectives, "_LEAN_SCATTERS", {})
     x = np.arange(12, dtype=np.int32).reshape(6, 2)
     assert np.array_equal(fastring.reducescatter(x, op=fastring.Sum), x)
     assert np.array_equal(fastring.reducescatter(x, op=fastring.Min, name="m", process_set=fastring.global_process_set), x)

@@ -113,7 +113,7 @@ def allgather_rows(rt, src: np.ndarray, counts: np.ndarray, out: np.ndarray) -> 
 def _own_copy(rows: np.ndarray) -> np.ndarray:
     """An allgather's, alltoall's or reducescatter's result on one rank: its own rows, in a
     pooled buffer. The general paths' offsets and transport calls cost a 64-byte call 8-9 us
-    there, against MPI's whole call's 1-1.6 (BENCHMARKS.md, "Round 2, session 27")."""
+    there, against MPI's whole call's 1.0-1.5 (BENCHMARKS.md, "Round 2, session 27")."""
     out = _pool.empty(rows.shape, rows.dtype)
     np.copyto(out, rows)
     return out

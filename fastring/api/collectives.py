@@ -91,6 +91,11 @@ def _kept_fields(key: tuple) -> tuple:
     return fields
 
 
+def _is_global(process_set) -> bool:
+    """Whether `process_set=` names every rank (the lean calls take only those)."""
+    return process_set is None or process_set is global_process_set
+
+
 def _request_of(rt: Runtime, kind: str, name: str, fields: tuple, nbytes: int, execute: Callable[..., Any],
                 ride: tuple | None = None) -> Request:
     """The Request of a collective given as its parts (`fields` with its kind first; `ride`
@@ -228,7 +233,12 @@ def _broadcast_parts(tensor, root_rank, name, out, process_set) -> tuple:
         src = e.src if rt.rank == root else _zeros(arr.nbytes)
         ride = (src if is_c_contiguous(src) else np.ascontiguousarray(src), ReduceOp.Sum, e.work,
                 _WORDS if arr.nbytes % 8 == 0 else _BYTES)
-    return rt, "broadcast", name, _kept_fields(("broadcast", spec.name, arr.shape, root)), arr.nbytes, execute, ride
+    return rt, "broadcast", name, _broadcast_fields(spec, arr.shape, root), arr.nbytes, execute, ride
+
+
+def _broadcast_fields(spec: DtypeSpec, shape: tuple, root: int) -> tuple:
+    """A broadcast's fields, for the general parts and the lean call alike."""
+    return _kept_fields(("broadcast", spec.name, shape, root))
 
 
 def _in_cycle(rt: Runtime, nbytes: int) -> bool:
@@ -280,8 +290,7 @@ def broadcast(tensor, root_rank: int, *, name: str | None = None, out=None, proc
         >>> fastring.broadcast(w, root_rank=0, out=w)   # every rank now holds rank 0's w
         array([0., 0., 0.])
     """
-    if out is tensor and (process_set is None or process_set is global_process_set) and (
-            _lean_broadcast(tensor, root_rank, name)):
+    if out is tensor and _is_global(process_set) and _lean_broadcast(tensor, root_rank, name):
         return tensor
     return _run(*_broadcast_parts(tensor, root_rank, name, out, process_set))
 
@@ -299,7 +308,7 @@ def _lean_broadcast(arr, root_rank, name) -> bool:
     spec = SUPPORTED.get(arr.dtype)
     if spec is None or not 0 <= root_rank < rt.size or _in_cycle(rt, arr.nbytes) or not is_writable_c_contiguous(arr):
         return False
-    fields = _kept_fields(("broadcast", spec.name, arr.shape, root_rank))
+    fields = _broadcast_fields(spec, arr.shape, root_rank)
 
     def run(assigned: str, reduced: None) -> None:
         broadcast_bytes(rt, arr, root_rank)
@@ -422,7 +431,7 @@ def _reducescatter_parts(tensor, op, name, prescale_factor, postscale_factor, pr
     name = request_name(rt, "reducescatter", name)
     arr, spec = _rows_array(tensor, "reducescatter")
     check_op_for_dtype(op, spec, prescale, postscale)
-    work = work_of(spec, op, prescale, postscale)
+    fields, work = _reducescatter_signature(spec, arr.shape, op, prescale, postscale)
 
     def execute(rt: Runtime, reduced: np.ndarray | None = None):
         # reduced: every rank's input, reduced in the cycle (_in_cycle)
@@ -432,8 +441,15 @@ def _reducescatter_parts(tensor, op, name, prescale_factor, postscale_factor, pr
     ride = None
     if _in_cycle(rt, arr.nbytes) and rides_cycle(work, rt.size):
         ride = (arr if is_c_contiguous(arr) else np.ascontiguousarray(arr), op)
-    fields = _kept_fields(("reducescatter", spec.name, arr.shape, OP_NAMES[op], prescale, postscale))
     return rt, "reducescatter", name, fields, arr.nbytes, execute, ride
+
+
+def _reducescatter_signature(spec: DtypeSpec, shape: tuple, op: ReduceOp, prescale: float,
+                             postscale: float) -> tuple:
+    """(fields, work) of a reducescatter whose arguments passed their checks, for the general
+    parts and the lean call alike."""
+    return (_kept_fields(("reducescatter", spec.name, shape, OP_NAMES[op], prescale, postscale)),
+            work_of(spec, op, prescale, postscale))
 
 
 def reducescatter_async(tensor, op: ReduceOp = ReduceOp.Average, *, name: str | None = None,
@@ -469,8 +485,8 @@ def reducescatter(tensor, op: ReduceOp = ReduceOp.Average, *, name: str | None =
                [2., 3.],
                [4., 5.]])
     """
-    if (process_set is None or process_set is global_process_set) and type(prescale_factor) is float and (
-            prescale_factor == 1.0 and type(postscale_factor) is float and postscale_factor == 1.0):
+    if _is_global(process_set) and type(prescale_factor) is float and prescale_factor == 1.0 and (
+            type(postscale_factor) is float and postscale_factor == 1.0):
         done = _lean_reducescatter(tensor, op, name)
         if done is not None:
             return done[0]
@@ -486,8 +502,9 @@ def _lean_reducescatter(arr, op, name) -> tuple | None:
     """`reducescatter(arr, op, name=name)` of a numpy array without scale factors that does not
     ride its cycle, by the engine's lean path with nothing built but its kept fields and work:
     the general parts and closures cost a 1 MiB call 4-12 us, the old and new code alternating
-    in one launch (BENCHMARKS.md, "Round 2, session 27"). (The result,), or None where the general path must take the call (anything
-    else, an argument it would refuse, or the engine busy): nothing has happened then."""
+    in one launch (BENCHMARKS.md, "Round 2, session 27"). (The result,), or None where the
+    general path must take the call (anything else, an argument it would refuse, or the engine
+    busy): nothing has happened then."""
     if type(arr) is not np.ndarray or type(op) is not ReduceOp or not (name is None or type(name) is str):
         return None
     key = (arr.dtype, arr.shape, op)
@@ -500,8 +517,7 @@ def _lean_reducescatter(arr, op, name) -> tuple | None:
             check_op_for_dtype(op, spec)
         except TypeError:
             return None
-        plan = (_kept_fields(("reducescatter", spec.name, arr.shape, OP_NAMES[op], 1.0, 1.0)),
-                work_of(spec, op, 1.0, 1.0))
+        plan = _reducescatter_signature(spec, arr.shape, op, 1.0, 1.0)
         if len(_LEAN_SCATTERS) < FIELDS_KEPT:
             _LEAN_SCATTERS[key] = plan
     fields, work = plan

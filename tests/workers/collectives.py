@@ -393,14 +393,21 @@ try:
                 or moved.count(24) != queued):
             c.fail(f"broadcasts of broadcast_object(None) and a barrier ({how}): {moved}")
     # an in place numpy broadcast too large to ride its cycle takes a lean path of its own
-    # (api.collectives._lean_broadcast): its bytes move once, lean or, where rank 0 has a
-    # broadcast queued, as a request after the others' lean cycles fail
+    # (api.collectives._lean_broadcast), which builds no general parts: its bytes move once,
+    # lean or, where rank 0 has a broadcast queued, as a request (rank 0's general path, the
+    # others' after their lean cycles fail), unnamed, so that the automatic names of a lean
+    # rank and a general one must pair
+    parts_built = []
+    real_parts = {k: getattr(api_collectives, k) for k in ("_broadcast_parts", "_reducescatter_parts")}
+    for k, real_part in real_parts.items():
+        setattr(api_collectives, k, lambda *a, _k=k, _real=real_part: parts_built.append((_k, a[0].nbytes)) or _real(*a))
     for how in ("lean", "queued"):
         moved.clear()
+        parts_built.clear()
         early = (fastring.broadcast_async(np.full(3, R), 0, name=f"queued before big {how}")
                  if how == "queued" and R == 0 else None)
         mine = np.arange(8192, dtype=np.int32) * (R + 1)  # 32 KiB
-        if fastring.broadcast(mine, N - 1, name=f"big in place {how}", out=mine) is not mine:
+        if fastring.broadcast(mine, N - 1, out=mine) is not mine:
             c.fail(f"large broadcast in place ({how}) returned another object")
         exact(f"large broadcast in place ({how})", mine, np.arange(8192, dtype=np.int32) * N, np.dtype(np.int32),
               fw=False)
@@ -415,7 +422,7 @@ try:
         early = (fastring.broadcast_async(np.full(3, R), 0, name=f"queued before rs {how}")
                  if how == "queued" and R == 0 else None)
         rows = np.arange(8192 * N, dtype=np.int64).reshape(N, 8192) * (R + 1)  # 64 KiB a rank
-        exact(f"large reducescatter ({how})", fastring.reducescatter(rows, op=fastring.Sum, name=f"big rs {how}"),
+        exact(f"large reducescatter ({how})", fastring.reducescatter(rows, op=fastring.Sum),
               np.arange(8192 * R, 8192 * (R + 1), dtype=np.int64).reshape(1, 8192) * (N * (N + 1) // 2),
               np.dtype(np.int64), fw=False)
         exact(f"large reducescatter input untouched ({how})", rows,
@@ -425,8 +432,13 @@ try:
         if later is not None:
             exact(f"broadcast queued before a large reducescatter ({how})", later.wait(), np.zeros(3, np.int64),
                   np.dtype(np.int64), fw=False)
+        big = [k for k, nbytes in parts_built if nbytes in (mine.nbytes, rows.nbytes)]  # not the 24-byte ones
+        if big != ([] if how == "lean" else ["_broadcast_parts", "_reducescatter_parts"]):
+            c.fail(f"large broadcast and reducescatter ({how}) built general parts: {parts_built}")
 finally:
     api_collectives.broadcast_bytes = real_broadcast_bytes
+    for k, real_part in real_parts.items():
+        setattr(api_collectives, k, real_part)
 
 # --------------------------------------------------------------------------- objects
 for root in range(N):
