@@ -338,6 +338,26 @@ def test_one_host_scripts(tmp_path):
     assert " cached " in large[4] and " streaming " in large[4] and " MPI " in large[4]
 
 
+def test_one_host_summary_says_where_the_floor_misses_the_target(tmp_path):
+    """bench_shm.py --summarize on launches with floor rows: each side's share of the floor,
+    and, per launch, MPI's time over the floor's (the most any code could reach there), with the
+    launches in which even that is below the target counted."""
+    def launch(mpi_us: float, floor_us: float) -> list[dict]:
+        return [{"what": "allgather", "bytes": 16 << 20, "barrier": False, "fastring_us": 1000.0,
+                 "mpi_us": mpi_us, "ratio": mpi_us / 1000.0, "floor_us": floor_us,
+                 "fastring_floor_pct": 100 * floor_us / 1000.0, "mpi_floor_pct": 100 * floor_us / mpi_us,
+                 "floors_us": [2 * floor_us, floor_us, floor_us], "cpu": "test"}]
+    paths = []
+    for k, (mpi_us, floor_us) in enumerate([(1400.0, 1000.0), (1800.0, 900.0), (1600.0, 1000.0)]):
+        paths.append(tmp_path / f"{k}.json")
+        paths[-1].write_text(json.dumps(launch(mpi_us, floor_us)))
+    summary = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_shm.py"), "--summarize", *map(str, paths)],
+                             capture_output=True, text=True, check=True).stdout
+    assert "| allgather | 16 MiB | no | 1.40 | 1.60 | 1.40, 1.80, 1.60 | 1.5 (missed) |" in summary
+    # floors 100%, 90%, 100% of fastring's time; MPI/floor 1.40, 2.00, 1.60: one launch below 1.5
+    assert "| allgather | 16 MiB | 90% / 100% | 50% / 62% | 1.40 / 1.60 | 1 of 3 | 2000 / 1000 / 1000 |" in summary
+
+
 def test_per_call_script(tmp_path):
     """scripts/bench_percall.py on 2 ranks: the allreduce with and without the caller's barrier
     and unnamed, barrier, the other collectives at 64 B and 4 KiB, each against MPI, then the
