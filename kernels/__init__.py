@@ -17,12 +17,12 @@ from types import ModuleType
 
 from .cpu import (accumulate16, decode16, divide_into, encode16, pack, reduce_into,
                   scale_into, unpack)
-from .cfuncs import WIRE_STEPS, finish_cfunc, reduce_cfunc, wire_cfunc
+from .cfuncs import WIRE_STEPS, finish_cfunc, reduce_after_cfunc, reduce_cfunc, wire_cfunc
 from .ops import KernelOp, WireFormat
 
 __all__ = ["KernelOp", "WireFormat", "reduce_into", "scale_into", "divide_into",
            "encode16", "decode16", "accumulate16", "pack", "unpack", "cuda_kernels",
-           "finish_cfunc", "reduce_cfunc", "wire_cfunc", "WIRE_STEPS"]
+           "finish_cfunc", "reduce_after_cfunc", "reduce_cfunc", "wire_cfunc", "WIRE_STEPS"]
 
 
 def cuda_kernels() -> ModuleType:

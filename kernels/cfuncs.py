@@ -12,7 +12,7 @@ import numpy as np
 from numba import carray, cfunc, types
 
 from .ops import (HOST_WIRE_CODECS, SOURCE_FINGERPRINT, binary_op, element_type, kernel_op,
-                  map_function, map_step, reduce_step, wire_format, wire_steps)
+                  map_function, map_step, reduce_after_step, reduce_step, wire_format, wire_steps)
 
 _U16 = np.dtype(np.uint16)
 # key -> cfunc. Holding the object keeps its machine code, and so the address, alive.
@@ -52,6 +52,22 @@ def reduce_cfunc(op: Any, dtype: Any) -> int:
         kop, et = kernel_op(op), element_type(dtype)
         return _compile2(reduce_step(binary_op(kop, et), et.load, et.store), et.storage, et.storage)
     return _address(("reduce", op, dtype), build)
+
+
+def reduce_after_cfunc(op: Any, dtype: Any) -> int:
+    """Address of `void f(void* dst, void* src, int64 count)`: dst = src op dst, reduce_cfunc
+    with the operands in the other order: a rank reduces its own input in place after the
+    lower ranks' values accumulated in `src`, and the result keeps their order.
+
+    Example:
+        >>> import numpy as np
+        >>> reduce_after_cfunc(0, np.float32) == reduce_after_cfunc(0, np.float32) != reduce_cfunc(0, np.float32)
+        True
+    """
+    def build():
+        kop, et = kernel_op(op), element_type(dtype)
+        return _compile2(reduce_after_step(binary_op(kop, et), et.load, et.store), et.storage, et.storage)
+    return _address(("reduce after", op, dtype), build)
 
 
 def finish_cfunc(dtype: Any) -> int:

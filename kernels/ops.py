@@ -494,6 +494,15 @@ def reduce_step(op: Callable, load: Callable, store: Callable) -> Callable:
 
 
 @functools.lru_cache(maxsize=None)
+def reduce_after_step(op: Callable, load: Callable, store: Callable) -> Callable:
+    """step(dst, src, i): dst[i] = src[i] op dst[i], reduce_step with the operands' order
+    turned round."""
+    def step(dst, src, i):
+        dst[i] = store(op(load(src[i]), load(dst[i])))
+    return register_jitable(step)
+
+
+@functools.lru_cache(maxsize=None)
 def map_step(fn: Callable, cast: Callable, load: Callable, store: Callable) -> Callable:
     """step(dst, param, i): dst[i] = fn(dst[i], cast(param)) -- scale and divide."""
     def step(dst, param, i):

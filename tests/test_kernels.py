@@ -70,6 +70,36 @@ def test_import_does_not_touch_numba_cuda():
     assert res.returncode == 0, res.stderr
 
 
+# ------------------------------------------------------------ the shared segment's reduction cfuncs
+try:
+    from kernel_cases import DTYPES, FLOAT_DTYPES, OPS, dtype_of
+except ImportError:
+    from tests.kernel_cases import DTYPES, FLOAT_DTYPES, OPS, dtype_of
+
+
+@pytest.mark.parametrize("name", DTYPES)
+def test_reduce_after_is_reduce_with_the_operands_turned_round(name):
+    """reduce_after_cfunc(dst=b, src=a) leaves in b the very bits reduce_cfunc(dst=a, src=b)
+    leaves in a, for every op, on wrapping integers and on floats with special values, among
+    them NaNs of both signs against each other, whose sum keeps the first operand's sign (so
+    the order shows)."""
+    import ctypes
+    call = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64)
+    a, b = operands(name, 1000)
+    if name in FLOAT_DTYPES:
+        a[:2], b[:2] = [np.nan, -np.nan], [-np.nan, np.nan]
+
+    def reduced(fn, dst, src):
+        dst = dst.copy()
+        call(fn)(dst.ctypes.data, src.ctypes.data, dst.size)
+        return dst.tobytes()
+    for op in OPS:
+        forward = kernels.reduce_cfunc(op, dtype_of(name))
+        assert reduced(kernels.reduce_after_cfunc(op, dtype_of(name)), b, a) == reduced(forward, a, b), (name, op)
+        if name in FLOAT_DTYPES and op == KernelOp.SUM:
+            assert reduced(forward, b, a) != reduced(forward, a, b), "the data does not show the operands' order"
+
+
 # ------------------------------------------------------------ the host ring's wire cfuncs
 try:
     from kernel_cases import ACC_DTYPES, OPS, WIRES, reference_decode, reference_encode, wire_inputs

@@ -421,6 +421,10 @@ cdef class SharedSegment:
     # The running allreduce's finish (kernels.finish_cfunc, or NULL) and its arguments: the
     # rank that reduces a piece finishes it while it is in cache, before anyone copies it.
     cdef finish_fn_t finish
+    # The running allreduce's dst = src op dst (kernels.reduce_after_cfunc, or NULL): a rank
+    # other than 0 reduces a chunk of its input in place straight into its result
+    # (`_gather_reduce`).
+    cdef reduce_fn_t reduce_after
     cdef bint stage_streaming  # the running allreduce writes what others read with streaming stores
     cdef int64_t finish_divisor
     cdef double finish_factor
@@ -716,13 +720,19 @@ cdef class SharedSegment:
         if self.finish != NULL:
             self.finish(p, count, self.finish_divisor, self.finish_factor)
 
-    cdef int _gather_reduce(self, char* acc, char* src, int64_t at, int64_t nbytes, reduce_fn_t reduce,
-                            int64_t itemsize) noexcept nogil:
-        """acc = (rank 0's op rank 1's op ...) over the `nbytes` at byte `at` of every rank's
-        input (SEND[0]; this rank's is `src`); `acc` may be `src + at` on rank 0 only.
+    cdef int _gather_reduce(self, char** acc_at, char* out, char* src, int64_t at, int64_t nbytes,
+                            reduce_fn_t reduce, int64_t itemsize) noexcept nogil:
+        """*acc_at = (rank 0's op rank 1's op ...) over the `nbytes` at byte `at` of every rank's
+        input (SEND[0]; this rank's is `src`); *acc_at may be `src + at` on rank 0 only. In
+        place (`out`, where this rank's result goes, is `src + at`) with *acc_at elsewhere (a
+        rank other than 0 must not overwrite its input before it reduced it), the call's
+        `reduce_after` reduces the step that reads this rank's input into the input itself,
+        and *acc_at becomes `out`: the copy out of the accumulator afterwards is saved (a
+        sixth of rank 1's time in a 16 MiB call: BENCHMARKS.md, "Round 2, session 28").
         Returns 0 or an errno."""
         cdef int n = self.size, me = self.rank, r, err = 0
         cdef const pid_t* pids = self.transport.pids
+        cdef char* acc = acc_at[0]
         cdef char* landing
         if me == 0:
             if acc != src + at:
@@ -732,13 +742,17 @@ cdef class SharedSegment:
         for r in range(1, n):
             if err:
                 break
-            if r == me:
+            if r == me and acc != out and out == src + at and self.reduce_after != NULL:
+                self.reduce_after(out, acc, nbytes // itemsize)
+                acc = out
+            elif r == me:
                 reduce(acc, src + at, nbytes // itemsize)
             else:
                 landing = self.scratch + self.chunk + PAGE + ((self._table(r)[1] + at) & (PAGE - 1))
                 err = vm_copy(False, pids[r], landing, self._table(r)[1] + at, nbytes)
                 if not err:
                     reduce(acc, landing, nbytes // itemsize)
+        acc_at[0] = acc
         return err
 
     cdef int _single_copy_allreduce(self, char* src, char* dst, int64_t nbytes, reduce_fn_t reduce,
@@ -771,10 +785,11 @@ cdef class SharedSegment:
             k = min(per, nbytes - at)
             # rank 0 accumulates in its result; another rank must not overwrite its input in
             # place before reducing it, so it accumulates in its scratch, at the page offset of
-            # rank 0's result, which it copies from and to (see `scratch`)
+            # rank 0's result, which it copies from and to (see `scratch`), until the step that
+            # reads its input, which reduces into the input where the call has `reduce_after`
             acc = (self.scratch + ((self._table(0)[1 + n] + at) & (PAGE - 1)) if src == dst and me != 0
                    else dst + at)
-            err = self._gather_reduce(acc, src, at, k, reduce, itemsize)
+            err = self._gather_reduce(&acc, dst + at, src, at, k, reduce, itemsize)
             if not err:
                 self._finish_piece(acc, k // itemsize)
             if not err and acc != dst + at:
@@ -836,7 +851,7 @@ cdef class SharedSegment:
 
     def allreduce(self, uintptr_t src, uintptr_t dst, int64_t nbytes, uintptr_t reduce_fn,
                   int64_t itemsize, bint one_step, bint prefer_buffers=False, uintptr_t finish_fn=0,
-                  int64_t divisor=1, double factor=1.0, bint streaming=False):
+                  int64_t divisor=1, double factor=1.0, bint streaming=False, uintptr_t reduce_after_fn=0):
         """Allreduce `nbytes` at `src` into `dst` (may be `src`) with `reduce_fn`
         (dst = dst op src, a reduction cfunc over `itemsize`-byte elements), then, given
         `finish_fn` (kernels.finish_cfunc of the dtype), finish every element with it
@@ -855,7 +870,9 @@ cdef class SharedSegment:
         than cores share the host: `pipelined`). Each element
         is reduced by one rank (or by all alike), so `dst` holds the same bits on every rank.
         `streaming`: in one step and in rounds, what a rank writes for the others to read
-        goes to memory with streaming stores, not to its cache (SHM_STORE_WAYS).
+        goes to memory with streaming stores, not to its cache (SHM_STORE_WAYS). `reduce_after_fn`
+        (kernels.reduce_after_cfunc of the same op and dtype): by single copy in place, a rank
+        other than 0 reduces into its input itself, not into its scratch copied after.
 
         Where single copy could run, rank 0's `prefer_buffers` (the others' is ignored, so
         that every rank takes the same path) sends the call through the segment's buffers
@@ -871,6 +888,7 @@ cdef class SharedSegment:
         if nbytes == 0:
             return "one step"
         cdef int err = 0
+        self.reduce_after = <reduce_fn_t> reduce_after_fn
         self.finish = <finish_fn_t> finish_fn
         self.finish_divisor, self.finish_factor = divisor, factor
         self.stage_streaming = streaming

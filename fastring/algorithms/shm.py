@@ -65,8 +65,10 @@ class SharedMemory:
             else:
                 key = (array_address(flat), flat.nbytes)
                 start = time.perf_counter()
+                # in place, a rank other than 0 reduces into its input itself (shm.pyx, _gather_reduce)
                 ran = shm.allreduce(array_address(src), key[0], flat.nbytes, reduce_fn, itemsize, one_step,
-                                    _PATHS.prefer_buffers(key), *finishing)
+                                    _PATHS.prefer_buffers(key), *finishing,
+                                    reduce_after_fn=kernels.reduce_after_cfunc(KERNEL_OP[r.op], r.spec.dtype))
                 if ran == "single copy" or ran.endswith("by choice"):
                     _PATHS.record(key, ran == "single copy", time.perf_counter() - start)
             if not finishing:

@@ -857,7 +857,11 @@ def rank_order(inputs, op):
 
 
 def single_copy_allreduce(dtype, count, tag, prefer_buffers=False, path="single copy"):
+    """out=, then in place twice: with the reduce-after cfunc (a rank other than 0 reduces
+    into its input itself) and without (it reduces in its scratch and copies), each in rank
+    order on data that rounds (and, on 3 ranks, whose order matters)."""
     fn = kernels.reduce_cfunc(KERNEL_OP[fastring.Sum], dtype)
+    after = kernels.reduce_after_cfunc(KERNEL_OP[fastring.Sum], dtype)
     inputs = [np.random.default_rng([500 + count, r]).standard_normal(count).astype(dtype) for r in range(N)]
     expected = rank_order(inputs, np.add)
     exact = np.add.reduce([i.astype(np.longdouble) for i in inputs])
@@ -870,10 +874,13 @@ def single_copy_allreduce(dtype, count, tag, prefer_buffers=False, path="single 
     c.CHECKS.check(ran == path, f"{tag}: ran {ran!r}, not {path!r}")
     c.check_close(f"{tag} out=", out, expected, 0)
     c.check_close(f"{tag} input", x, inputs[R], 0)
-    ran = shm.allreduce(array_address(x), array_address(x), x.nbytes, fn, dtype.itemsize, False, prefer_buffers)
-    c.CHECKS.check(ran == path, f"{tag} in place: ran {ran!r}, not {path!r}")
-    c.check_close(f"{tag} in place", x, expected, 0)
-    c.check_identical(tag, x)
+    for after_fn in (after, 0):
+        x = inputs[R].copy()
+        ran = shm.allreduce(array_address(x), array_address(x), x.nbytes, fn, dtype.itemsize, False, prefer_buffers,
+                            reduce_after_fn=after_fn)
+        c.CHECKS.check(ran == path, f"{tag} in place: ran {ran!r}, not {path!r}")
+        c.check_close(f"{tag} in place, reduce after {bool(after_fn)}", x, expected, 0)
+        c.check_identical(tag, x)
 
 
 F32_COUNT = 3 * SHM_SINGLE_COPY_CHUNK_BYTES // 4 + 12_345
