@@ -238,8 +238,9 @@ def summarize(paths: list[str]) -> None:
         print("|---|---:|---:|---:|---:|---:|---|")
         for row, cells in floors:
             ours, theirs = [c["fastring_floor_pct"] for c in cells], [c["mpi_floor_pct"] for c in cells]
-            # fastring at the floor would be MPI's time / the floor's: the most this machine allowed
-            # in that launch, so a launch whose most is below the target misses it whatever the code
+            # fastring at the floor would be MPI's time / the floor's: about the most this machine
+            # allowed in that launch (the floor is measured too), so a launch whose most is below
+            # the target misses it whatever the code, give or take that measurement
             best = [c["mpi_us"] / c["floor_us"] for c in cells]
             target = target_of(row)
             below = "-" if target is None else f"{sum(b < target for b in best)} of {len(best)}"

@@ -94,7 +94,8 @@ def test_unlink_mapped_takes_only_mapped_names_under_the_prefix(tmp_path):
 def test_segment_call_arguments_are_derived_once_per_reduction(monkeypatch):
     """`algorithms.shm._call_args`: the cfuncs, one-step choice and finish of a reduction are
     derived once per (buffer size, dtype, op, message size, division and postscale) and handed
-    out again; anything else in the key gives its own."""
+    out again; anything else in the key gives its own. The reduce-after cfunc only from the
+    single-copy size."""
     from types import SimpleNamespace
 
     import numpy as np
@@ -107,17 +108,21 @@ def test_segment_call_arguments_are_derived_once_per_reduction(monkeypatch):
     from fastring.algorithms import shm
     from fastring.algorithms.base import Reduction
     monkeypatch.setattr(shm, "_CALL_ARGS", {})
-    seg = SimpleNamespace(tile_bytes=4 << 20)
+    seg = SimpleNamespace(tile_bytes=4 << 20, allreduce_single_copy_bytes=(4 << 20) + 1)
     f32 = spec_of(np.float32)
 
     def args(count, spec=f32, op=ReduceOp.Sum, finish=nothing, on=seg):
         return shm._call_args(on, Reduction(np.zeros(count, spec.dtype), spec, op, finish))
     small, large = SHM_ONE_STEP_BYTES // 4, SHM_ONE_STEP_BYTES // 4 + 1
     plain = args(small)
-    assert plain == (kernels.reduce_cfunc(KERNEL_OP[ReduceOp.Sum], f32.dtype), 4, True, ())
+    assert plain == (kernels.reduce_cfunc(KERNEL_OP[ReduceOp.Sum], f32.dtype), 4, True, (), 0)
     assert args(small) is plain and args(large)[2] is False
-    assert args(small, on=SimpleNamespace(tile_bytes=1 << 20))[2] is True
-    assert args(small, on=SimpleNamespace(tile_bytes=small * 4 - 4))[2] is False
+    assert args(small, on=SimpleNamespace(tile_bytes=1 << 20, allreduce_single_copy_bytes=0))[2] is True
+    assert args(small, on=SimpleNamespace(tile_bytes=small * 4 - 4, allreduce_single_copy_bytes=0))[2] is False
+    single = (4 << 20) // 4 + 1
+    assert args(single)[4] == kernels.reduce_after_cfunc(KERNEL_OP[ReduceOp.Sum], f32.dtype) != 0
+    assert args(single, op=ReduceOp.Max)[4] == kernels.reduce_after_cfunc(KERNEL_OP[ReduceOp.Max], f32.dtype)
+    assert args(single - 1)[4] == 0
     assert args(small, op=ReduceOp.Max)[0] == kernels.reduce_cfunc(KERNEL_OP[ReduceOp.Max], f32.dtype)
     f64 = args(small, spec_of(np.float64))
     assert f64[:2] == (kernels.reduce_cfunc(KERNEL_OP[ReduceOp.Sum], np.dtype(np.float64)), 8)
@@ -127,9 +132,9 @@ def test_segment_call_arguments_are_derived_once_per_reduction(monkeypatch):
     assert args(small, finish=Finish(1, 3.0))[3][1:] == (1, 3.0)
     assert args(small, finish=Finish(2, 3.0))[3][1:] == (2, 3.0)
     assert args(small, finish=Finish(3, 1.0))[3][1:] == (3, 1.0)
-    assert len(shm._CALL_ARGS) == 10
-    monkeypatch.setattr(shm, "CALL_ARGS_KEPT", 10)
-    assert args(small - 1)[:3] == plain[:3] and len(shm._CALL_ARGS) == 10  # full: derived, not kept
+    assert len(shm._CALL_ARGS) == 13
+    monkeypatch.setattr(shm, "CALL_ARGS_KEPT", 13)
+    assert args(small - 1)[:3] == plain[:3] and len(shm._CALL_ARGS) == 13  # full: derived, not kept
 
 
 def test_path_times():

@@ -421,10 +421,6 @@ cdef class SharedSegment:
     # The running allreduce's finish (kernels.finish_cfunc, or NULL) and its arguments: the
     # rank that reduces a piece finishes it while it is in cache, before anyone copies it.
     cdef finish_fn_t finish
-    # The running allreduce's dst = src op dst (kernels.reduce_after_cfunc, or NULL): a rank
-    # other than 0 reduces a chunk of its input in place straight into its result
-    # (`_gather_reduce`).
-    cdef reduce_fn_t reduce_after
     cdef bint stage_streaming  # the running allreduce writes what others read with streaming stores
     cdef int64_t finish_divisor
     cdef double finish_factor
@@ -721,14 +717,14 @@ cdef class SharedSegment:
             self.finish(p, count, self.finish_divisor, self.finish_factor)
 
     cdef int _gather_reduce(self, char** acc_at, char* out, char* src, int64_t at, int64_t nbytes,
-                            reduce_fn_t reduce, int64_t itemsize) noexcept nogil:
+                            reduce_fn_t reduce, reduce_fn_t reduce_after, int64_t itemsize) noexcept nogil:
         """*acc_at = (rank 0's op rank 1's op ...) over the `nbytes` at byte `at` of every rank's
         input (SEND[0]; this rank's is `src`); *acc_at may be `src + at` on rank 0 only. In
         place (`out`, where this rank's result goes, is `src + at`) with *acc_at elsewhere (a
-        rank other than 0 must not overwrite its input before it reduced it), the call's
-        `reduce_after` reduces the step that reads this rank's input into the input itself,
-        and *acc_at becomes `out`: the copy out of the accumulator afterwards is saved (a
-        sixth of rank 1's time in a 16 MiB call: BENCHMARKS.md, "Round 2, session 28").
+        rank other than 0 must not overwrite its input before it reduced it), `reduce_after`
+        (dst = src op dst; may be NULL) reduces the step that reads this rank's input into the
+        input itself, and *acc_at becomes `out`: no copy out of the accumulator afterwards
+        (4-9% off a 256 MiB call by single copy: BENCHMARKS.md, "Round 2, session 28").
         Returns 0 or an errno."""
         cdef int n = self.size, me = self.rank, r, err = 0
         cdef const pid_t* pids = self.transport.pids
@@ -742,8 +738,8 @@ cdef class SharedSegment:
         for r in range(1, n):
             if err:
                 break
-            if r == me and acc != out and out == src + at and self.reduce_after != NULL:
-                self.reduce_after(out, acc, nbytes // itemsize)
+            if r == me and acc != out and out == src + at and reduce_after != NULL:
+                reduce_after(out, acc, nbytes // itemsize)
                 acc = out
             elif r == me:
                 reduce(acc, src + at, nbytes // itemsize)
@@ -756,7 +752,7 @@ cdef class SharedSegment:
         return err
 
     cdef int _single_copy_allreduce(self, char* src, char* dst, int64_t nbytes, reduce_fn_t reduce,
-                                    int64_t itemsize, bint buffers) except -1 nogil:
+                                    reduce_fn_t reduce_after, int64_t itemsize, bint buffers) except -1 nogil:
         """Whoever claims a chunk reduces it over every rank, in rank order, and writes the
         result into every rank's `dst`: one reducer per chunk, so the same bits everywhere.
         In place, a chunk of a rank's input is overwritten only by its own reducer, after it
@@ -786,10 +782,10 @@ cdef class SharedSegment:
             # rank 0 accumulates in its result; another rank must not overwrite its input in
             # place before reducing it, so it accumulates in its scratch, at the page offset of
             # rank 0's result, which it copies from and to (see `scratch`), until the step that
-            # reads its input, which reduces into the input where the call has `reduce_after`
+            # reads its input, which reduces into the input where the call has a `reduce_after`
             acc = (self.scratch + ((self._table(0)[1 + n] + at) & (PAGE - 1)) if src == dst and me != 0
                    else dst + at)
-            err = self._gather_reduce(&acc, dst + at, src, at, k, reduce, itemsize)
+            err = self._gather_reduce(&acc, dst + at, src, at, k, reduce, reduce_after, itemsize)
             if not err:
                 self._finish_piece(acc, k // itemsize)
             if not err and acc != dst + at:
@@ -888,7 +884,6 @@ cdef class SharedSegment:
         if nbytes == 0:
             return "one step"
         cdef int err = 0
-        self.reduce_after = <reduce_fn_t> reduce_after_fn
         self.finish = <finish_fn_t> finish_fn
         self.finish_divisor, self.finish_factor = divisor, factor
         self.stage_streaming = streaming
@@ -899,8 +894,8 @@ cdef class SharedSegment:
                 if one_step:
                     self._one_step(<char*> src, <char*> dst, nbytes, <reduce_fn_t> reduce_fn, itemsize)
                 elif single:
-                    err = self._single_copy_allreduce(<char*> src, <char*> dst, nbytes,
-                                                      <reduce_fn_t> reduce_fn, itemsize, prefer_buffers)
+                    err = self._single_copy_allreduce(<char*> src, <char*> dst, nbytes, <reduce_fn_t> reduce_fn,
+                                                      <reduce_fn_t> reduce_after_fn, itemsize, prefer_buffers)
                 if err == BY_CHOICE or not (one_step or single):
                     if piped:
                         self._pipeline(<char*> src, <char*> dst, nbytes, <reduce_fn_t> reduce_fn, itemsize)

@@ -41,7 +41,7 @@ class SharedMemory:
         where they lie, without gathering them into one buffer first. Returns False, having
         done nothing, where the segment would not read them so (`run` must take a gathered
         copy then)."""
-        reduce_fn, itemsize, one_step, finishing = _call_args(rt.shm, r)
+        reduce_fn, itemsize, one_step, finishing, _ = _call_args(rt.shm, r)
         with r.phase("shm-allreduce"):
             if not _stores(rt, r.flat.nbytes, lambda streaming: rt.shm.allreduce_pieces(
                     addresses, lengths, array_address(r.flat), reduce_fn, itemsize, one_step, *finishing,
@@ -56,7 +56,7 @@ class SharedMemory:
         flat = r.flat
         src = flat if r.src is None else r.src
         shm = rt.shm
-        reduce_fn, itemsize, one_step, finishing = _call_args(shm, r)
+        reduce_fn, itemsize, one_step, finishing, reduce_after_fn = _call_args(shm, r)
         with r.phase("shm-allreduce"):
             if flat.nbytes < shm.allreduce_single_copy_bytes:  # no path to choose: only the stores
                 _stores(rt, flat.nbytes, lambda streaming: shm.allreduce(
@@ -65,10 +65,8 @@ class SharedMemory:
             else:
                 key = (array_address(flat), flat.nbytes)
                 start = time.perf_counter()
-                # in place, a rank other than 0 reduces into its input itself (shm.pyx, _gather_reduce)
                 ran = shm.allreduce(array_address(src), key[0], flat.nbytes, reduce_fn, itemsize, one_step,
-                                    _PATHS.prefer_buffers(key), *finishing,
-                                    reduce_after_fn=kernels.reduce_after_cfunc(KERNEL_OP[r.op], r.spec.dtype))
+                                    _PATHS.prefer_buffers(key), *finishing, reduce_after_fn=reduce_after_fn)
                 if ran == "single copy" or ran.endswith("by choice"):
                     _PATHS.record(key, ran == "single copy", time.perf_counter() - start)
             if not finishing:
@@ -94,9 +92,12 @@ CALL_ARGS_KEPT = 1024  # distinct reductions remembered (then derived each call)
 
 
 def _call_args(shm, r: Reduction) -> tuple:
-    """(reduce cfunc, itemsize, one step?, finishing) of `r` for the segment's allreduce calls.
-    `finishing`: a Finish runs piece by piece where each piece is reduced, while in cache
-    (its cfunc and arguments); () where `r.finalize` runs on the whole result after."""
+    """(reduce cfunc, itemsize, one step?, finishing, reduce-after cfunc) of `r` for the
+    segment's allreduce calls. `finishing`: a Finish runs piece by piece where each piece is
+    reduced, while in cache (its cfunc and arguments); () where `r.finalize` runs on the whole
+    result after. The reduce-after cfunc (dst = src op dst) lets a single copy in place reduce
+    a rank's input into itself; 0 below the single-copy size, which never needs it (and so
+    never compiles it)."""
     spec, finish = r.spec, r.finalize
     finishes = isinstance(finish, Finish)
     key = (shm.tile_bytes, spec.name, r.op, r.flat.nbytes, (finish.divisor, finish.factor) if finishes else None)
@@ -104,7 +105,9 @@ def _call_args(shm, r: Reduction) -> tuple:
     if args is None:
         args = (kernels.reduce_cfunc(KERNEL_OP[r.op], spec.dtype), spec.dtype.itemsize,
                 r.flat.nbytes <= min(SHM_ONE_STEP_BYTES, shm.tile_bytes),
-                (kernels.finish_cfunc(spec.dtype), finish.divisor, finish.factor) if finishes else ())
+                (kernels.finish_cfunc(spec.dtype), finish.divisor, finish.factor) if finishes else (),
+                kernels.reduce_after_cfunc(KERNEL_OP[r.op], spec.dtype)
+                if r.flat.nbytes >= shm.allreduce_single_copy_bytes else 0)
         if len(_CALL_ARGS) < CALL_ARGS_KEPT:
             _CALL_ARGS[key] = args
     return args

@@ -886,6 +886,42 @@ def single_copy_allreduce(dtype, count, tag, prefer_buffers=False, path="single 
 F32_COUNT = 3 * SHM_SINGLE_COPY_CHUNK_BYTES // 4 + 12_345
 single_copy_allreduce(np.dtype(np.float32), F32_COUNT, "single-copy allreduce float32")
 single_copy_allreduce(np.dtype(np.float64), 2 * SHM_SINGLE_COPY_CHUNK_BYTES // 8 + 777, "single-copy allreduce float64")
+
+
+def single_copy_in_place_keeps_the_order():
+    """In place by single copy with the reduce-after cfunc, over 16 chunks so that every rank
+    claims some: Min, a select whose result shows the operands' order where they are zeros of
+    both signs or NaNs (each rank's own payload), then a Sum with Average's division finished
+    where each chunk is reduced; the bits of the reduction in rank order."""
+    count = 16 * SHM_SINGLE_COPY_CHUNK_BYTES // 4 + 1000
+    inputs = [np.random.default_rng([600, r]).standard_normal(count).astype(np.float32) for r in range(N)]
+    for r, x in enumerate(inputs):
+        x[0::7] = 0.0 if r % 2 == 0 else -0.0
+        x.view(np.uint32)[3::7] = 0x7FC00000 + r + 1  # a NaN of this rank's own payload
+
+    def op_min(a, b):  # kernels.ops.op_min, elementwise: a select, which keeps a NaN's payload
+        return np.where((a < b) | np.isnan(a), a, b)
+    expected = rank_order(inputs, op_min)
+    for r in range(1, N):  # a rank's own input reduced first, as a swapped reduce_after would
+        c.CHECKS.check(expected.tobytes() != rank_order([inputs[r], *inputs[:r], *inputs[r + 1:]], op_min).tobytes(),
+                       f"Min in place: the data does not show rank {r}'s input reduced first")
+    dtype = np.dtype(np.float32)
+    sums = [np.random.default_rng([601, r]).standard_normal(count).astype(dtype) for r in range(N)]
+    average = rank_order(sums, np.add)
+    kernels.divide_into(average, N)
+    for op, data, finish, want in ((fastring.Min, inputs, (), expected),
+                                   (fastring.Sum, sums, (kernels.finish_cfunc(dtype), N, 1.0), average)):
+        x = data[R].copy()
+        ran = shm.allreduce(array_address(x), array_address(x), x.nbytes, kernels.reduce_cfunc(KERNEL_OP[op], dtype),
+                            4, False, False, *finish,
+                            reduce_after_fn=kernels.reduce_after_cfunc(KERNEL_OP[op], dtype))
+        c.CHECKS.check(ran == "single copy", f"{op.name} in place: ran {ran!r}")
+        c.CHECKS.check(x.tobytes() == want.tobytes(), f"{op.name} in place, reduced into the input: not the bits "
+                       "of the reduction in rank order")
+        c.check_identical(f"{op.name} in place, reduced into the input", x)
+
+
+single_copy_in_place_keeps_the_order()
 # Rank 0's preference for the rounds sends every rank there; another rank's alone does not.
 single_copy_allreduce(np.dtype(np.float32), F32_COUNT, "rounds by rank 0's choice", R == 0, "rounds by choice")
 single_copy_allreduce(np.dtype(np.float32), F32_COUNT, "rounds by another rank's choice", R != 0)
