@@ -14,9 +14,9 @@ import fastring.kernels as kernels
 from fastring.kernels import KernelOp, cpu, reduce_into
 
 try:
-    from kernel_cases import Backend, KernelContract, operands
+    from kernel_cases import DTYPES, FLOAT_DTYPES, OPS, Backend, KernelContract, dtype_of, operands
 except ImportError:  # collected with --import-mode=importlib from the repository root
-    from tests.kernel_cases import Backend, KernelContract, operands
+    from tests.kernel_cases import DTYPES, FLOAT_DTYPES, OPS, Backend, KernelContract, dtype_of, operands
 
 
 class TestCpuKernels(KernelContract):
@@ -71,12 +71,6 @@ def test_import_does_not_touch_numba_cuda():
 
 
 # ------------------------------------------------------------ the shared segment's reduction cfuncs
-try:
-    from kernel_cases import DTYPES, FLOAT_DTYPES, OPS, dtype_of
-except ImportError:
-    from tests.kernel_cases import DTYPES, FLOAT_DTYPES, OPS, dtype_of
-
-
 @pytest.mark.parametrize("name", DTYPES)
 def test_reduce_after_is_reduce_with_the_operands_turned_round(name):
     """reduce_after_cfunc(dst=b, src=a) leaves in b the bits reduce_cfunc(dst=a, src=b) leaves

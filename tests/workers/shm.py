@@ -893,8 +893,9 @@ def single_copy_in_place_keeps_the_order():
     claims some: Min, a select whose result shows the operands' order where they are zeros of
     both signs or NaNs (each rank's own payload), then a Sum with Average's division finished
     where each chunk is reduced; the bits of the reduction in rank order."""
-    count = 16 * SHM_SINGLE_COPY_CHUNK_BYTES // 4 + 1000
-    inputs = [np.random.default_rng([600, r]).standard_normal(count).astype(np.float32) for r in range(N)]
+    dtype = np.dtype(np.float32)
+    count = 16 * SHM_SINGLE_COPY_CHUNK_BYTES // dtype.itemsize + 1000
+    inputs = [np.random.default_rng([600, r]).standard_normal(count).astype(dtype) for r in range(N)]
     for r, x in enumerate(inputs):
         x[0::7] = 0.0 if r % 2 == 0 else -0.0
         x.view(np.uint32)[3::7] = 0x7FC00000 + r + 1  # a NaN of this rank's own payload
@@ -905,7 +906,6 @@ def single_copy_in_place_keeps_the_order():
     for r in range(1, N):  # a rank's own input reduced first, as a swapped reduce_after would
         c.CHECKS.check(expected.tobytes() != rank_order([inputs[r], *inputs[:r], *inputs[r + 1:]], op_min).tobytes(),
                        f"Min in place: the data does not show rank {r}'s input reduced first")
-    dtype = np.dtype(np.float32)
     sums = [np.random.default_rng([601, r]).standard_normal(count).astype(dtype) for r in range(N)]
     average = rank_order(sums, np.add)
     kernels.divide_into(average, N)
@@ -913,7 +913,7 @@ def single_copy_in_place_keeps_the_order():
                                    (fastring.Sum, sums, (kernels.finish_cfunc(dtype), N, 1.0), average)):
         x = data[R].copy()
         ran = shm.allreduce(array_address(x), array_address(x), x.nbytes, kernels.reduce_cfunc(KERNEL_OP[op], dtype),
-                            4, False, False, *finish,
+                            dtype.itemsize, False, False, *finish,
                             reduce_after_fn=kernels.reduce_after_cfunc(KERNEL_OP[op], dtype))
         c.CHECKS.check(ran == "single copy", f"{op.name} in place: ran {ran!r}")
         c.CHECKS.check(x.tobytes() == want.tobytes(), f"{op.name} in place, reduced into the input: not the bits "
